@@ -1,0 +1,48 @@
+"""Test macros: pytest under Bazel in the dev environment or in a trainer environment, and the ruff check."""
+
+load("@rules_python//python:defs.bzl", "py_test")
+
+def py_pytest(name, srcs, deps = [], data = [], **kwargs):
+    """A py_test that runs pytest on `srcs` with the dev environment's interpreter."""
+    py_test(
+        name = name,
+        srcs = srcs + ["//tools/pytest:pytest_main.py"],
+        main = "//tools/pytest:pytest_main.py",
+        args = ["$(rootpath %s)" % src for src in srcs],
+        deps = deps,
+        data = data,
+        python_version = "PY3",
+        **kwargs
+    )
+
+def env_pytest(name, env, srcs, packages, data = [], **kwargs):
+    """An sh_test that runs pytest on `srcs` inside trainer environment `env` (slime or miles).
+
+    `packages` names the project's packages (e.g. "chat_core") to put on PYTHONPATH from the runfiles; the
+    environment itself is the one ./bazelw built and linked at .venvs/<env>, and the env server still runs with
+    the dev environment's interpreter.
+    """
+    native.sh_test(
+        name = name,
+        srcs = ["//tools/pytest:run_in_env.sh"],
+        args = [
+            env,
+            "$(rootpath @python_venv//:paths.sh)",
+            ",".join(["packages/%s" % package for package in packages]),
+            "--",
+        ] + ["$(rootpath %s)" % src for src in srcs],
+        data = srcs + data + ["@python_venv//:paths.sh"] + ["//packages/%s" % package for package in packages],
+        **kwargs
+    )
+
+def ruff_test(name):
+    """Ruff lint and format check over the whole checkout; tagged external so it never comes from the cache."""
+    py_test(
+        name = name,
+        srcs = ["//tools/pytest:ruff_main.py"],
+        main = "//tools/pytest:ruff_main.py",
+        args = ["$(rootpath @python_venv//:paths.sh)"],
+        data = ["@python_venv//:paths.sh"],
+        python_version = "PY3",
+        tags = ["external"],
+    )

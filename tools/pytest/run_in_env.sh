@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs pytest inside one of the trainer environments (slime or Miles) that ./bazelw links at .venvs/<name>, with
+# the project's packages on PYTHONPATH from Bazel's runfiles. Usage: run_in_env.sh ENV PATHS_SH PKG_DIRS -- TESTS...
+set -euo pipefail
+env_name=$1 paths_sh=$2 pkg_dirs=$3
+shift 3
+[[ $1 == -- ]] && shift
+# shellcheck source=/dev/null
+source "$paths_sh"
+runfiles=${RUNFILES_DIR:-$PWD/..}
+python=$WORKSPACE_ROOT/.venvs/$env_name/bin/python
+if [[ ! -x $python ]]; then
+  echo "The $env_name environment is missing ($WORKSPACE_ROOT/.venvs/$env_name)." >&2
+  "$DEV_PYTHON" "$WORKSPACE_ROOT/tools/envs/build_env.py" "$env_name" >&2 || true
+  exit 1
+fi
+pythonpath=
+for dir in ${pkg_dirs//,/ }; do
+  pythonpath=${pythonpath:+$pythonpath:}$runfiles/trainer_helpers/$dir
+done
+export PYTHONPATH=$pythonpath${PYTHONPATH:+:$PYTHONPATH}
+export ENV_SERVER_PYTHON=$DEV_PYTHON
+exec "$python" -m pytest -p no:cacheprovider -q -rfE "$@"
