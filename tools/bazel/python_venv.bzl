@@ -15,6 +15,7 @@ py_runtime(
     name = "venv_runtime",
     interpreter_path = "{python}",
     python_version = "PY3",
+    stub_shebang = "#!{python}",
 )
 
 py_runtime_pair(
