@@ -1,0 +1,506 @@
+"""The episode loop: a row's task played by a model behind an OpenAI-compatible chat endpoint, on the OpenEnv server
+that serves it.
+
+Per turn: list the env's tools (a turn's tools are fixed when it opens) → ask the model → run each tool call on
+the env and answer it as a ``tool`` message → repeat until the model replies without a tool call (or calls
+``end_turn``) → hand the reply to ``end_turn``. The env then opens the next turn, whose prompt becomes a new user
+message, or ends the episode with its reward.
+
+Whatever goes wrong ends in an ``EpisodeResult`` carrying a flag with a kind and a message, never in a reward of 0
+and never in an exception, except the caller's cancellation. The env session is closed however ``play`` ends, so an
+unfinished episode is abandoned on the server without running its verifiers."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import math
+import ssl
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import httpx
+
+from chat_core.openenv_client import (
+    CapacityExhausted,
+    CapacityWait,
+    EpisodeSession,
+    Observation,
+    OpenEnvError,
+    ServerUnreachable,
+)
+from chat_core.rows import EpisodeRef
+
+END_TURN = "end_turn"
+_RESERVED_BODY_KEYS = frozenset({"model", "messages", "tools"})
+_ERROR_TEXT_LIMIT = 500
+
+
+class FlagKind(StrEnum):
+    """What went wrong in an episode. Noted while the episode goes on:
+
+    - ``bad_tool_arguments``: a tool call's arguments weren't a JSON object; the model got a tool error instead.
+    - ``tool_call_limit``: the model called more tools in a turn than allowed; the turn ended with its latest text.
+
+    Fatal (in ``FATAL``), leaving the episode unscored:
+
+    - ``env_failed``: the env's run failed (at reset, in a turn or in a verifier); the message is the server's.
+    - ``session_failed``: the chat endpoint failed: an HTTP error, no connection, an aborted or unreadable reply.
+    - ``no_reward``: the env ended the episode without a reward.
+    - ``model_deadline``: the model took longer than ``Limits.model_deadline_s`` in all.
+    - ``turn_limit``: the env opened more turns than ``Limits.max_turns``.
+    - ``capacity_exhausted``: the env server stayed full for ``Limits.capacity_wait_s``.
+    - ``env_unreachable``: the env server couldn't be reached.
+    - ``protocol_error``: the env server answered outside the protocol, or dropped the session.
+    - ``task_mismatch``: the server serves another task at the row's place; the rows are stale."""
+
+    BAD_TOOL_ARGUMENTS = "bad_tool_arguments"
+    TOOL_CALL_LIMIT = "tool_call_limit"
+    ENV_FAILED = "env_failed"
+    SESSION_FAILED = "session_failed"
+    NO_REWARD = "no_reward"
+    MODEL_DEADLINE = "model_deadline"
+    TURN_LIMIT = "turn_limit"
+    CAPACITY_EXHAUSTED = "capacity_exhausted"
+    ENV_UNREACHABLE = "env_unreachable"
+    PROTOCOL_ERROR = "protocol_error"
+    TASK_MISMATCH = "task_mismatch"
+
+
+FATAL = frozenset(FlagKind) - {FlagKind.BAD_TOOL_ARGUMENTS, FlagKind.TOOL_CALL_LIMIT}
+
+
+@dataclass(frozen=True)
+class Flag:
+    """Something that went wrong in an episode, with what a person needs to find it."""
+
+    kind: FlagKind
+    message: str
+
+    @property
+    def fatal(self) -> bool:
+        return self.kind in FATAL
+
+
+@dataclass(frozen=True)
+class ChatEndpoint:
+    """Where the model answers: ``url`` is a full ``.../v1/chat/completions`` URL, ``model`` the body's model name,
+    and ``headers`` go with every request (e.g. ``Authorization: Bearer <session id>``)."""
+
+    url: str
+    model: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on one episode. ``max_turns``: env turns played; one more ends it unscored. ``max_tool_calls_per_turn``:
+    tool calls the model makes in a turn; one more ends the turn with the model's latest text. ``model_deadline_s``:
+    seconds the episode may spend waiting for the model, all calls together. ``capacity_wait_s``: seconds to wait for
+    a free env session while the server is full."""
+
+    max_turns: int = 16
+    max_tool_calls_per_turn: int = 32
+    model_deadline_s: float = 900.0
+    capacity_wait_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1 or self.max_tool_calls_per_turn < 1:
+            raise ValueError(f"{self}: max_turns and max_tool_calls_per_turn must be at least 1")
+        if not self.model_deadline_s > 0 or not self.capacity_wait_s >= 0:
+            raise ValueError(f"{self}: model_deadline_s must be positive and capacity_wait_s not negative")
+
+
+@dataclass
+class TurnCounts:
+    """One env turn: the model's replies, the tool calls answered (``end_turn`` aside) and how many of them were
+    errors (the env's, or arguments refused before reaching it)."""
+
+    model_calls: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+
+
+@dataclass
+class Timings:
+    """Seconds spent: inside env calls (``env_s``, waiting for a free session aside), waiting for the model
+    (``model_s``), waiting for a free env session (``capacity_wait_s``), and in all (``wall_s``)."""
+
+    env_s: float = 0.0
+    model_s: float = 0.0
+    capacity_wait_s: float = 0.0
+    wall_s: float = 0.0
+
+
+@dataclass
+class EpisodeResult:
+    """How an episode went: its reward (None unless the env scored it and nothing fatal happened), its flags, the
+    chat as the model saw it (tool messages included) and each turn's counts and the episode's timings."""
+
+    episode: EpisodeRef
+    reward: float | None = None
+    flags: list[Flag] = field(default_factory=list)
+    transcript: list[dict[str, Any]] = field(default_factory=list)
+    turns: list[TurnCounts] = field(default_factory=list)
+    timings: Timings = field(default_factory=Timings)
+
+    @property
+    def scored(self) -> bool:
+        """Whether the reward can be trained on: the env gave one and no fatal flag was raised."""
+        return self.reward is not None and not any(flag.fatal for flag in self.flags)
+
+    def to_json(self) -> str:
+        """The whole result as one JSON line (no trailing newline), for a trace of every episode."""
+        return json.dumps(
+            {
+                "episode": self.episode.identity(),
+                "server": self.episode.server_url,
+                "reward": self.reward,
+                "scored": self.scored,
+                "flags": [
+                    {"kind": str(flag.kind), "message": flag.message, "fatal": flag.fatal} for flag in self.flags
+                ],
+                "turns": [asdict(turn) for turn in self.turns],
+                "timings": asdict(self.timings),
+                "transcript": self.transcript,
+            },
+            sort_keys=True,
+            ensure_ascii=False,
+        )
+
+
+async def play(
+    metadata: Mapping[str, Any],
+    chat: ChatEndpoint,
+    sampling: Mapping[str, Any],
+    limits: Limits,
+    *,
+    client: httpx.AsyncClient | None = None,
+) -> EpisodeResult:
+    """Play the episode of a row's ``metadata`` (a row written by ``python -m chat_core.prepare``, as slime and
+    Miles hand it to a rollout) with the model at ``chat``, and return how it went. ``sampling`` goes into every
+    chat request's JSON body as it is (e.g. ``temperature``, SGLang's ``top_k``). ``client`` sends the chat
+    requests; without one, ``play`` opens its own and closes it.
+
+    Every failure of the env, the chat endpoint or the model is a flag on the result. Raises ValueError before
+    anything starts when ``metadata`` isn't a row's or ``sampling`` sets ``model``, ``messages`` or ``tools``. When
+    cancelled, closes the env session, so the server abandons the episode without running its verifiers, and
+    re-raises."""
+    episode = EpisodeRef.from_metadata(metadata)
+    if clash := sorted(_RESERVED_BODY_KEYS & set(sampling)):
+        raise ValueError(f"sampling sets {', '.join(clash)}, which play sends itself; leave them out")
+    game = _Game(episode, chat, dict(sampling), limits)
+    began = time.monotonic()
+    session = EpisodeSession(episode.server_url, capacity_wait=CapacityWait(total_s=limits.capacity_wait_s))
+    http = client or httpx.AsyncClient(timeout=None, verify=_tls())
+    try:
+        await game.play(session, http)
+    except OpenEnvError as e:
+        game.fail(_kind_of(e), str(e))
+    finally:
+        try:
+            await session.close()
+        finally:
+            if client is None:
+                await http.aclose()
+            game.result.timings.capacity_wait_s = session.capacity_wait_s
+            game.result.timings.env_s -= session.capacity_wait_s
+            game.result.timings.wall_s = time.monotonic() - began
+    return game.result
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """The model's answer, as the transcript keeps it, with its text and tool calls read out."""
+
+    message: dict[str, Any]
+    text: str
+    tool_calls: list[dict[str, Any]]
+
+
+class _ChatFailed(Exception):
+    """The chat endpoint's answer can't be read as a chat completion."""
+
+
+class _Game:
+    """The state of one ``play``: the result being built and the limits that bound it."""
+
+    def __init__(self, episode: EpisodeRef, chat: ChatEndpoint, sampling: dict[str, Any], limits: Limits):
+        self.result = EpisodeResult(episode=episode)
+        self._chat = chat
+        self._sampling = sampling
+        self._limits = limits
+        self._system_prompt: str | None = None
+
+    def fail(self, kind: FlagKind, message: str) -> None:
+        self.result.reward = None
+        self.result.flags.append(Flag(kind, message))
+
+    async def play(self, session: EpisodeSession, http: httpx.AsyncClient) -> None:
+        episode = self.result.episode
+        started = await self._env(session.reset(episode.split, episode.index))
+        if started.done:
+            return self._finish(started)
+        served = (started.task or {}).get("id")
+        if served != episode.task_id:
+            return self.fail(
+                FlagKind.TASK_MISMATCH,
+                f"task #{episode.index} of split {episode.split!r} is {served!r} on {episode.server_url}, but the "
+                f"row is for {episode.task_id!r}: prepare the rows again from the server as it is now",
+            )
+        self._open_turn(started.metadata)
+        while True:
+            ended = await self._play_turn(session, http)
+            if ended is None:
+                return None
+            if ended.done:
+                return self._finish(ended)
+            if len(self.result.turns) >= self._limits.max_turns:
+                return self.fail(
+                    FlagKind.TURN_LIMIT,
+                    f"the env opened turn {len(self.result.turns) + 1}, past max_turns={self._limits.max_turns}; "
+                    "the episode was abandoned unscored",
+                )
+            opened = ended.body.get("result")
+            if not isinstance(opened, dict) or not isinstance(opened.get("prompt"), str):
+                return self.fail(
+                    FlagKind.PROTOCOL_ERROR,
+                    f"end_turn neither ended the episode nor opened a turn: {_clipped(json.dumps(ended.body))}",
+                )
+            self._open_turn(opened)
+
+    def _open_turn(self, prompts: Mapping[str, Any]) -> None:
+        """Add the turn's prompt as a user message, after its system prompt when it brings a new one."""
+        system_prompt = prompts.get("system_prompt")
+        if isinstance(system_prompt, str) and system_prompt and system_prompt != self._system_prompt:
+            self.result.transcript.append({"role": "system", "content": system_prompt})
+            self._system_prompt = system_prompt
+        self.result.transcript.append({"role": "user", "content": str(prompts.get("prompt") or "")})
+        self.result.turns.append(TurnCounts())
+
+    async def _play_turn(self, session: EpisodeSession, http: httpx.AsyncClient) -> Observation | None:
+        """What ``end_turn`` answered, or None when the episode stopped during the turn (flagged)."""
+        counts = self.result.turns[-1]
+        calls = 0
+        listed = await self._env(session.list_tools())
+        if listed.done:
+            self._finish(listed)
+            return None
+        tools = [tool.as_openai() for tool in listed.tools]
+        while True:
+            reply = await self._ask(http, tools)
+            if reply is None:
+                return None
+            counts.model_calls += 1
+            self.result.transcript.append(reply.message)
+            if not reply.tool_calls:
+                return await self._end_turn(session, reply.text)
+            for position, call in enumerate(reply.tool_calls):
+                name = call["function"]["name"]
+                arguments = _arguments_of(call["function"].get("arguments"))
+                if name == END_TURN and isinstance(arguments, dict):
+                    response = arguments.get("response", reply.text)
+                    if isinstance(response, str):
+                        self._answer(call, "Your turn has ended.")
+                        self._skip(reply.tool_calls[position + 1 :], "the turn had already ended")
+                        return await self._end_turn(session, response)
+                    arguments = f'end_turn takes {{"response": string}}, not a response of {_clipped(response)}'
+                if calls >= self._limits.max_tool_calls_per_turn:
+                    self.result.flags.append(
+                        Flag(
+                            FlagKind.TOOL_CALL_LIMIT,
+                            f"turn {len(self.result.turns)}: the model called more than max_tool_calls_per_turn="
+                            f"{self._limits.max_tool_calls_per_turn} tools; the turn was ended with its latest text",
+                        )
+                    )
+                    self._skip(reply.tool_calls[position:], "the turn's tool-call limit was reached")
+                    return await self._end_turn(session, reply.text)
+                calls += 1
+                counts.tool_calls += 1
+                if isinstance(arguments, str):
+                    counts.tool_errors += 1
+                    self.result.flags.append(
+                        Flag(
+                            FlagKind.BAD_TOOL_ARGUMENTS,
+                            f"turn {len(self.result.turns)}: {name}: {arguments}; answered as a tool error",
+                        )
+                    )
+                    self._answer(call, f"error: {arguments}")
+                    continue
+                answered = await self._env(session.call_tool(name, arguments))
+                if answered.done:
+                    self._finish(answered)
+                    return None
+                text, failed = _tool_answer(answered)
+                counts.tool_errors += failed
+                self._answer(call, text)
+
+    async def _end_turn(self, session: EpisodeSession, response: str) -> Observation:
+        return await self._env(session.call_tool(END_TURN, {"response": response}))
+
+    async def _ask(self, http: httpx.AsyncClient, tools: list[dict[str, Any]]) -> _Reply | None:
+        """The model's reply, or None when the chat failed or the deadline passed (flagged)."""
+        left = self._limits.model_deadline_s - self.result.timings.model_s
+        body = {**self._sampling, "model": self._chat.model, "messages": self.result.transcript, "tools": tools}
+        began = time.monotonic()
+        try:
+            async with asyncio.timeout(left):
+                response = await http.post(self._chat.url, json=body, headers=dict(self._chat.headers))
+        except TimeoutError:
+            self.fail(
+                FlagKind.MODEL_DEADLINE,
+                f"the model took more than model_deadline_s={self._limits.model_deadline_s} s in all; the episode "
+                f"was abandoned in turn {len(self.result.turns)}",
+            )
+            return None
+        except httpx.HTTPError as e:
+            self.fail(FlagKind.SESSION_FAILED, f"the chat request to {self._chat.url} failed: {_described(e)}")
+            return None
+        finally:
+            self.result.timings.model_s += time.monotonic() - began
+        if response.is_error:
+            self.fail(
+                FlagKind.SESSION_FAILED,
+                f"the chat endpoint {self._chat.url} answered HTTP {response.status_code}: {_clipped(response.text)}",
+            )
+            return None
+        try:
+            return _reply_of(response, len(self.result.transcript))
+        except _ChatFailed as e:
+            self.fail(FlagKind.SESSION_FAILED, f"the chat endpoint {self._chat.url} {e}")
+            return None
+
+    async def _env(self, call: Any) -> Observation:
+        began = time.monotonic()
+        try:
+            return await call
+        finally:
+            self.result.timings.env_s += time.monotonic() - began
+
+    def _answer(self, call: dict[str, Any], content: str) -> None:
+        self.result.transcript.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+
+    def _skip(self, calls: list[dict[str, Any]], why: str) -> None:
+        for call in calls:
+            self._answer(call, f"error: not run: {why}")
+
+    def _finish(self, ended: Observation) -> None:
+        """Score an episode the env ended, or flag why it can't be."""
+        if ended.error is not None:
+            return self.fail(FlagKind.ENV_FAILED, ended.error)
+        reward = ended.reward
+        if reward is None or not math.isfinite(reward):
+            scores = ended.metadata.get("scores")
+            return self.fail(
+                FlagKind.NO_REWARD,
+                f"the env ended the episode with reward {reward!r}" + (f" (scores {scores})" if scores else ""),
+            )
+        self.result.reward = float(reward)
+        return None
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """The TLS settings of every chat client ``play`` opens, made once: making them reads the CA bundle, which took
+    0.1-0.3 s a client here, more than the rest of an episode's own work."""
+    return httpx.create_ssl_context()
+
+
+def _reply_of(response: httpx.Response, seen: int) -> _Reply:
+    """The reply in a chat completion; raises _ChatFailed saying what is wrong with it. Tool calls without an id get
+    one, unique in the episode, so each can be answered."""
+    try:
+        completion = response.json()
+    except ValueError:
+        raise _ChatFailed(f"answered with something that isn't JSON: {_clipped(response.text)}") from None
+    choices = completion.get("choices") if isinstance(completion, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        raise _ChatFailed(f"answered without a choice holding a message: {_clipped(response.text)}")
+    if choice.get("finish_reason") == "abort":
+        raise _ChatFailed("aborted the reply (finish_reason 'abort')")
+    text = _text_of(message.get("content"))
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list) or not all(
+        isinstance(call, dict)
+        and isinstance(call.get("function"), dict)
+        and isinstance(call["function"].get("name"), str)
+        for call in calls
+    ):
+        raise _ChatFailed(f"answered with tool calls that aren't OpenAI tool calls: {_clipped(json.dumps(calls))}")
+    calls = [
+        call if isinstance(call.get("id"), str) and call["id"] else {**call, "id": f"call_{seen}_{position}"}
+        for position, call in enumerate(calls)
+    ]
+    kept = {key: value for key, value in message.items() if value is not None}
+    kept["role"] = "assistant"
+    if calls:
+        kept["tool_calls"] = calls
+    else:
+        kept.pop("tool_calls", None)
+    return _Reply(message=kept, text=text, tool_calls=calls)
+
+
+def _text_of(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(part, dict) for part in content):
+        return "".join(str(part.get("text") or "") for part in content if part.get("type") == "text")
+    raise _ChatFailed(f"answered with content that is neither text nor text parts: {_clipped(json.dumps(content))}")
+
+
+def _arguments_of(raw: Any) -> dict[str, Any] | str:
+    """A tool call's arguments as an object, or why they aren't one. No arguments at all read as ``{}``."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return {}
+    if isinstance(raw, dict):
+        return raw
+    if not isinstance(raw, str):
+        return f"the arguments must be a JSON object, not {type(raw).__name__}"
+    try:
+        parsed = json.loads(raw)
+    except ValueError as e:
+        return f"the arguments aren't valid JSON ({e}): {_clipped(raw)}"
+    if not isinstance(parsed, dict):
+        return f"the arguments must be a JSON object, not {_clipped(raw)}"
+    return parsed
+
+
+def _tool_answer(answered: Observation) -> tuple[str, bool]:
+    """The text a tool message gives the model, and whether the call failed."""
+    error = answered.body.get("error")
+    if isinstance(error, dict):
+        return f"error ({error.get('error_type', 'error')}): {error.get('message', '')}", True
+    result = answered.body.get("result")
+    if isinstance(result, dict):
+        if isinstance(result.get("data"), str):
+            return result["data"], bool(result.get("is_error"))
+        parts = result.get("content")
+        if isinstance(parts, list):
+            text = "".join(str(part.get("text") or "") for part in parts if isinstance(part, dict))
+            return text, bool(result.get("is_error"))
+    return json.dumps(result), False
+
+
+def _kind_of(error: OpenEnvError) -> FlagKind:
+    if isinstance(error, CapacityExhausted):
+        return FlagKind.CAPACITY_EXHAUSTED
+    if isinstance(error, ServerUnreachable):
+        return FlagKind.ENV_UNREACHABLE
+    return FlagKind.PROTOCOL_ERROR
+
+
+def _described(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _clipped(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= _ERROR_TEXT_LIMIT else text[:_ERROR_TEXT_LIMIT] + "…"

@@ -1,0 +1,490 @@
+"""A client for an OpenEnv server of agentenv tasks: its Task API over HTTP, and one episode per WebSocket session.
+
+It speaks only the wire (JSON over HTTP and ``/ws``), so it runs in a trainer's environment without the server's
+packages. Every way the server can fail a caller is a subclass of ``OpenEnvError``, so a caller can tell a server
+that isn't there from one that is full or one that answered outside the protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+_CAPACITY_REACHED = "CAPACITY_REACHED"
+_CLOSE_TIMEOUT_S = 2.0
+_OPEN_TIMEOUT_S = 30.0
+_HTTP_TIMEOUT_S = 60.0
+
+
+class OpenEnvError(Exception):
+    """Anything that stops a caller from using an OpenEnv server as asked."""
+
+
+class InvalidServerUrl(OpenEnvError, ValueError):
+    """A server URL that isn't an absolute http(s) URL."""
+
+
+class ServerUnreachable(OpenEnvError):
+    """Nothing answered at the server's address: refused, timed out or unresolvable."""
+
+
+class NotAnOpenEnvServer(OpenEnvError):
+    """Something answered, but not as an OpenEnv server's Task API does."""
+
+
+class ServerError(OpenEnvError):
+    """The Task API refused a request or failed serving it (an HTTP 4xx or 5xx)."""
+
+    def __init__(self, message: str, status_code: int):
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class CapacityExhausted(OpenEnvError):
+    """Every session the server allows stayed taken for as long as the caller agreed to wait."""
+
+    def __init__(self, message: str, max_sessions: int | None):
+        super().__init__(message)
+        self.max_sessions = max_sessions
+
+
+class EpisodeProtocolError(OpenEnvError):
+    """An episode's session answered outside the protocol: an error frame, a frame that isn't JSON or isn't the one
+    asked for, or a connection that closed while the episode was open."""
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """A task as the Task API describes it: where it is served (``split``, ``index``), what it is (``id``,
+    ``name``) and its first turn's prompts."""
+
+    split: str
+    index: int
+    id: str
+    name: str
+    prompt: str
+    system_prompt: str | None
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool the env offers in the current turn, as MCP describes it."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+    def as_openai(self) -> dict[str, Any]:
+        """The tool as an OpenAI chat-completions function tool."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.input_schema},
+        }
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the server answered a reset or a step with: whether the episode is over and its reward, the step's own
+    answer (``body``) and the episode's metadata (prompts, task, scores, or the error that ended it)."""
+
+    done: bool
+    reward: float | int | None
+    body: dict[str, Any]
+    metadata: dict[str, Any]
+
+    @property
+    def error(self) -> str | None:
+        """The server's account of why the episode ended in an error, or None when it didn't."""
+        if self.metadata.get("status") != "error":
+            return None
+        return str(self.metadata.get("error") or "the server gave no reason")
+
+    @property
+    def task(self) -> dict[str, Any] | None:
+        return self.metadata.get("task")
+
+    @property
+    def tools(self) -> list[Tool]:
+        """The tools a ``list_tools`` step answered with; refuses with EpisodeProtocolError when one isn't
+        described as MCP describes tools."""
+        return [_tool_of(each) for each in self.body.get("tools") or []]
+
+
+@dataclass(frozen=True)
+class CapacityWait:
+    """How long a new session waits for a free one when the server is full: retries start after ``first_delay_s``
+    and double up to ``max_delay_s``, each shortened or lengthened at random by up to a quarter so waiting clients
+    spread out, until ``total_s`` have passed."""
+
+    total_s: float = 600.0
+    first_delay_s: float = 0.25
+    max_delay_s: float = 8.0
+
+    def __post_init__(self) -> None:
+        if self.total_s < 0 or self.first_delay_s <= 0 or self.max_delay_s < self.first_delay_s:
+            raise ValueError(f"{self} can't bound a wait: give total_s >= 0 and 0 < first_delay_s <= max_delay_s")
+
+
+def server_url(url: str) -> str:
+    """``url`` as the base every request is made under: an absolute http(s) URL without a trailing slash. Raises
+    InvalidServerUrl when it has another scheme, no host, a query or a fragment."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidServerUrl(
+            f"{url!r} isn't a server URL: give the server's http(s) address, e.g. http://127.0.0.1:8000"
+        )
+    if parts.query or parts.fragment:
+        raise InvalidServerUrl(f"{url!r} isn't a server URL: it has a query or a fragment")
+    try:
+        parts.port  # noqa: B018 -- urlsplit checks the port only when it is read
+    except ValueError as e:
+        raise InvalidServerUrl(f"{url!r} isn't a server URL: {e}") from None
+    return url.strip().rstrip("/")
+
+
+class OpenEnvServer:
+    """The Task API of the OpenEnv server at ``url``: its env's name, splits and tasks. Use it with ``async with``,
+    or call ``aclose()``. Every method raises ServerUnreachable when nothing answers, NotAnOpenEnvServer when what
+    answers isn't an OpenEnv server, and ServerError when the server refuses or fails the request."""
+
+    def __init__(self, url: str, *, timeout_s: float = _HTTP_TIMEOUT_S):
+        """Raises InvalidServerUrl when ``url`` isn't an absolute http(s) URL."""
+        self.url = server_url(url)
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s)
+        self._env_name: str | None = None
+
+    async def __aenter__(self) -> OpenEnvServer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def env_name(self) -> str:
+        """The name of the one env the server serves (``GET /list_environments``)."""
+        if self._env_name is None:
+            names = await self._json("GET", "/list_environments", what="its environments")
+            if not (isinstance(names, list) and len(names) == 1 and isinstance(names[0], str) and names[0]):
+                raise NotAnOpenEnvServer(
+                    f"{self.url} answered GET /list_environments with {_excerpt(names)}, not "
+                    "the one env name an agentenv OpenEnv server serves"
+                )
+            self._env_name = names[0]
+        return self._env_name
+
+    async def splits(self) -> list[str]:
+        """The names of the server's splits, in the server's order."""
+        answer = await self._json("GET", f"/{await self.env_name()}/splits", what="its splits")
+        if not isinstance(answer, list) or not all(
+            isinstance(each, dict) and isinstance(each.get("name"), str) for each in answer
+        ):
+            raise NotAnOpenEnvServer(f"{self.url} listed its splits as {_excerpt(answer)}")
+        return [each["name"] for each in answer]
+
+    async def num_tasks(self, split: str) -> int:
+        """How many tasks ``split`` holds; ServerError (400) when the server has no such split."""
+        answer = await self._json(
+            "POST", f"/{await self.env_name()}/num_tasks", {"split": split}, what=f"the size of split {split!r}"
+        )
+        count = answer.get("num_tasks") if isinstance(answer, dict) else None
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise NotAnOpenEnvServer(f"{self.url} gave the size of split {split!r} as {_excerpt(answer)}")
+        return count
+
+    async def tasks(self, split: str) -> list[TaskInfo]:
+        """Every task of ``split``, by index; ServerError (400) when the server has no such split."""
+        answer = await self._json(
+            "POST", f"/{await self.env_name()}/tasks", {"split": split}, what=f"the tasks of split {split!r}"
+        )
+        listed = answer.get("tasks") if isinstance(answer, dict) else None
+        if not isinstance(listed, list):
+            raise NotAnOpenEnvServer(f"{self.url} listed the tasks of split {split!r} as {_excerpt(answer)}")
+        tasks = [_task_of(split, each) for each in listed]
+        if [task.index for task in tasks] != list(range(len(tasks))):
+            raise NotAnOpenEnvServer(f"{self.url} listed the tasks of split {split!r} out of index order")
+        return tasks
+
+    async def _json(self, method: str, path: str, body: dict[str, Any] | None = None, *, what: str) -> Any:
+        try:
+            response = await self._http.request(method, path, json=body)
+        except httpx.TimeoutException as e:
+            raise ServerUnreachable(
+                f"{self.url} didn't answer in time when asked for {what}: {_described(e)}"
+            ) from None
+        except (httpx.TransportError, OSError) as e:
+            raise ServerUnreachable(f"can't reach {self.url} to ask for {what}: {_described(e)}") from None
+        if self._env_name is None and 400 <= response.status_code < 500:
+            raise NotAnOpenEnvServer(
+                f"{self.url} answered {method} {path} with HTTP {response.status_code}: it isn't an OpenEnv server"
+            )
+        if response.is_error:
+            raise ServerError(
+                f"{self.url} answered {method} {path} for {what} with HTTP {response.status_code}: {_detail(response)}",
+                response.status_code,
+            )
+        try:
+            return response.json()
+        except ValueError:
+            raise NotAnOpenEnvServer(
+                f"{self.url} answered {method} {path} with something that isn't JSON: {response.text[:200]!r}"
+            ) from None
+
+
+class EpisodeSession:
+    """One WebSocket session on the server at ``url``, playing one episode: ``reset`` starts it, ``list_tools`` and
+    ``call_tool`` play it, and ``close`` ends the session, which abandons the episode if it is still open (the
+    server tears it down and runs none of its verifiers). Use it with ``async with`` so the session always closes.
+    Not safe for concurrent use: each call waits for its answer before the next may be sent.
+
+    ``capacity_wait_s`` is how long ``reset`` waited for a free session, and ``max_sessions`` the server's limit on
+    sessions when a refusal told it."""
+
+    def __init__(self, url: str, *, capacity_wait: CapacityWait | None = None):
+        """Raises InvalidServerUrl when ``url`` isn't an absolute http(s) URL. Nothing is connected until
+        ``reset``."""
+        self.url = server_url(url)
+        self._ws_url = "ws" + self.url.removeprefix("http") + "/ws"
+        self._capacity_wait = capacity_wait or CapacityWait()
+        self._ws: ClientConnection | None = None
+        self._started = False
+        self._closed = False
+        self.capacity_wait_s = 0.0
+        self.max_sessions: int | None = None
+
+    async def __aenter__(self) -> EpisodeSession:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def reset(self, split: str, index: int) -> Observation:
+        """Connect and start task ``index`` of ``split``: the first turn's prompts in ``metadata``, or, when the
+        server couldn't start it, an observation that is ``done`` with its ``error``. While the server is at
+        capacity it retries as ``capacity_wait`` says, then raises CapacityExhausted; the time spent is added to
+        ``capacity_wait_s``. Raises ServerUnreachable when the server can't be reached, EpisodeProtocolError when it
+        answers outside the protocol, and RuntimeError when the session has already reset or closed: a session
+        plays one episode."""
+        if self._started or self._closed:
+            raise RuntimeError("this session has already played an episode; open a new EpisodeSession for another")
+        self._started = True
+        message = {"type": "reset", "data": {"split": split, "index": index}}
+        began = time.monotonic()
+        delay = self._capacity_wait.first_delay_s
+        refused = False
+        while True:
+            attempt = time.monotonic()
+            self._ws = await self._connect()
+            frame = await self._first_answer(message)
+            if not _is_capacity_refusal(frame):
+                if refused:
+                    self.capacity_wait_s += attempt - began
+                return self._observation(frame, "reset")
+            await self._drop_connection()
+            refused, self.max_sessions = True, _max_sessions(frame)
+            waited = time.monotonic() - began
+            if waited >= self._capacity_wait.total_s:
+                self.capacity_wait_s += waited
+                raise CapacityExhausted(_capacity_message(self.url, frame, waited), self.max_sessions)
+            pause = min(delay * random.uniform(0.75, 1.25), self._capacity_wait.total_s - waited)
+            await asyncio.sleep(pause)
+            delay = min(delay * 2, self._capacity_wait.max_delay_s)
+
+    async def list_tools(self) -> Observation:
+        """The tools of the current turn in ``tools``, or an observation that is ``done`` when the episode can't go
+        on. Raises EpisodeProtocolError as ``reset`` does, and RuntimeError before ``reset`` or after ``close``."""
+        return await self._step({"type": "list_tools"}, "list_tools")
+
+    async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> Observation:
+        """Call the turn's tool ``name``: its answer in ``body["result"]``, or its failure in ``body["error"]``
+        (the episode goes on). Calling ``end_turn`` with ``{"response": reply}`` hands the turn back: the next
+        turn's prompts in ``body["result"]``, or ``done`` with the reward once the last turn ends. Raises TypeError
+        when ``arguments`` isn't a mapping (the server would refuse it), EpisodeProtocolError as ``reset`` does,
+        and RuntimeError before ``reset`` or after ``close``."""
+        if not isinstance(arguments, Mapping):
+            raise TypeError(f"tool arguments must be a JSON object, not {type(arguments).__name__}")
+        return await self._step(
+            {"type": "call_tool", "tool_name": name, "arguments": dict(arguments)}, f"call_tool {name!r}"
+        )
+
+    async def close(self) -> None:
+        """End the session; an episode still open is abandoned. Safe to call at any time, more than once, and
+        while being cancelled: the connection is dropped even when the closing handshake can't finish."""
+        self._closed = True
+        await self._drop_connection()
+
+    async def _connect(self) -> ClientConnection:
+        try:
+            return await connect(
+                self._ws_url,
+                open_timeout=_OPEN_TIMEOUT_S,
+                close_timeout=_CLOSE_TIMEOUT_S,
+                max_size=None,
+                compression=None,
+            )
+        except (OSError, TimeoutError) as e:
+            raise ServerUnreachable(f"can't open a session at {self._ws_url}: {_described(e)}") from None
+        except (InvalidHandshake, InvalidURI) as e:
+            raise NotAnOpenEnvServer(
+                f"{self._ws_url} doesn't take WebSocket sessions as an OpenEnv server does: {_described(e)}"
+            ) from None
+
+    async def _first_answer(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The server's first frame: a full server sends its refusal as soon as the connection opens, possibly
+        before the reset is even sent, and then closes."""
+        assert self._ws is not None
+        with contextlib.suppress(ConnectionClosed):
+            await self._ws.send(json.dumps(message))
+        return await self._receive("reset")
+
+    async def _step(self, data: dict[str, Any], what: str) -> Observation:
+        if self._ws is None:
+            raise RuntimeError(f"{what} needs an open episode: call reset first, and not after close")
+        try:
+            await self._ws.send(json.dumps({"type": "step", "data": data}))
+        except ConnectionClosed as e:
+            raise EpisodeProtocolError(f"the session closed before {what} could be sent: {_closing(e)}") from None
+        return self._observation(await self._receive(what), what)
+
+    async def _receive(self, what: str) -> dict[str, Any]:
+        assert self._ws is not None
+        try:
+            raw = await self._ws.recv()
+        except ConnectionClosed as e:
+            raise EpisodeProtocolError(
+                f"the session closed while waiting for the answer to {what}: {_closing(e)}"
+            ) from None
+        try:
+            frame = json.loads(raw)
+        except ValueError:
+            raise EpisodeProtocolError(f"the answer to {what} isn't JSON: {_excerpt(raw)}") from None
+        if not isinstance(frame, dict):
+            raise EpisodeProtocolError(f"the answer to {what} isn't a frame: {_excerpt(frame)}")
+        return frame
+
+    def _observation(self, frame: dict[str, Any], what: str) -> Observation:
+        data = frame.get("data")
+        if frame.get("type") == "error":
+            detail = data if isinstance(data, dict) else {}
+            raise EpisodeProtocolError(
+                f"the server refused {what}: {detail.get('code', 'error')}: {detail.get('message', _excerpt(data))}"
+            )
+        if frame.get("type") != "observation" or not isinstance(data, dict):
+            raise EpisodeProtocolError(f"the answer to {what} isn't an observation: {_excerpt(frame)}")
+        body = data.get("observation")
+        body = body if isinstance(body, dict) else {}
+        metadata = data.get("metadata")
+        if not isinstance(metadata, dict):
+            metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        reward = data.get("reward")
+        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
+            raise EpisodeProtocolError(f"the answer to {what} has a reward that isn't a number: {_excerpt(reward)}")
+        return Observation(done=bool(data.get("done")), reward=reward, body=body, metadata=metadata)
+
+    async def _drop_connection(self) -> None:
+        ws, self._ws = self._ws, None
+        if ws is None:
+            return
+        try:
+            await ws.close()
+        finally:
+            ws.transport.abort()
+
+
+def _task_of(split: str, described: Any) -> TaskInfo:
+    if not isinstance(described, dict):
+        raise NotAnOpenEnvServer(f"a task of split {split!r} is described as {_excerpt(described)}")
+    index, task_id, name, prompt = (described.get(key) for key in ("index", "id", "name", "prompt"))
+    system_prompt = described.get("system_prompt")
+    if not (
+        isinstance(index, int)
+        and isinstance(task_id, str)
+        and isinstance(name, str)
+        and isinstance(prompt, str)
+        and (system_prompt is None or isinstance(system_prompt, str))
+    ):
+        raise NotAnOpenEnvServer(f"a task of split {split!r} lacks an index, id, name or prompt: {_excerpt(described)}")
+    return TaskInfo(split=split, index=index, id=task_id, name=name, prompt=prompt, system_prompt=system_prompt)
+
+
+def _tool_of(described: Any) -> Tool:
+    if not (isinstance(described, dict) and isinstance(described.get("name"), str)):
+        raise EpisodeProtocolError(f"a listed tool isn't described as MCP describes tools: {_excerpt(described)}")
+    schema = described.get("input_schema")
+    return Tool(
+        name=described["name"],
+        description=str(described.get("description") or ""),
+        input_schema=schema if isinstance(schema, dict) else {"type": "object"},
+    )
+
+
+def _is_capacity_refusal(frame: dict[str, Any]) -> bool:
+    data = frame.get("data")
+    return frame.get("type") == "error" and isinstance(data, dict) and data.get("code") == _CAPACITY_REACHED
+
+
+def _max_sessions(frame: dict[str, Any]) -> int | None:
+    limit = frame["data"].get("max_sessions")
+    return limit if isinstance(limit, int) else None
+
+
+def _capacity_message(url: str, frame: dict[str, Any], waited: float) -> str:
+    limit = _max_sessions(frame)
+    held = f"all {limit} of its sessions" if limit is not None else "all its sessions"
+    return (
+        f"{url} kept {held} taken for {waited:.1f} s: run fewer episodes at once, wait longer, or serve "
+        "with a higher max_concurrent_envs"
+    )
+
+
+def _closing(error: ConnectionClosed) -> str:
+    received = error.rcvd
+    if received is None:
+        return "the connection dropped without a close frame"
+    return f"close code {received.code}" + (f" ({received.reason})" if received.reason else "")
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    return str(detail) if detail else _excerpt(response.text)
+
+
+def _described(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _excerpt(value: Any, limit: int = 200) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return repr(text[:limit] + "…") if len(text) > limit else repr(text)
+
+
+__all__ = [
+    "CapacityExhausted",
+    "CapacityWait",
+    "EpisodeProtocolError",
+    "EpisodeSession",
+    "InvalidServerUrl",
+    "NotAnOpenEnvServer",
+    "Observation",
+    "OpenEnvError",
+    "OpenEnvServer",
+    "ServerError",
+    "ServerUnreachable",
+    "TaskInfo",
+    "Tool",
+    "server_url",
+]

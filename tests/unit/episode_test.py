@@ -1,0 +1,509 @@
+"""chat_core's episode loop, played through agent-env's real server and the scripted model: every sample task earns
+the reward the server gives it, and each way an episode goes wrong ends in a result with its own flag, never a
+silent 0, with the server holding nothing open afterwards (the serve fixture checks after every test)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chat_core import (
+    ChatEndpoint,
+    EpisodeResult,
+    EpisodeSession,
+    FlagKind,
+    Limits,
+    play,
+)
+from chat_core.prepare import write_rows
+from test_support import (
+    REWARDS,
+    SCRIPTS,
+    TASKS,
+    ScriptedModel,
+    ServedBundle,
+    broken,
+    delay,
+    error,
+    serve_bundle,
+    text,
+    tool_call,
+    tool_calls,
+)
+from websockets.asyncio.server import ServerConnection, serve
+
+pytest_plugins = ["test_support.pytest_plugin"]
+
+Rows = dict[str, dict[str, Any]]
+EXTRA_TASKS = {
+    "unscored": [
+        {"id": "agent", "type": "deploy_agent", "agent_name": "agent"},
+        {"id": "ask", "type": "prompt_agent", "agent_name": "agent", "prompt_id": "ask", "poll_interval_seconds": 0.2,
+         "prompt": "Say anything."},
+    ],
+    "greets": [
+        {"id": "agent", "type": "deploy_agent", "agent_name": "agent"},
+        {"id": "ask", "type": "prompt_agent", "agent_name": "agent", "prompt_id": "ask", "poll_interval_seconds": 0.2,
+         "prompt": "Greet the new worker."},
+        {"id": "says_hello", "type": "agent_prompt_response_verifier", "prompt_id": "ask", "verifier_id": "says_hello",
+         "criteria": [{"type": "response_regex_present", "criterion": "says hello", "pattern": "hello",
+                       "flags": ["IGNORECASE"]}]},
+    ],
+}  # fmt: skip
+
+
+def _rows_of(url: str, out: Path) -> Rows:
+    asyncio.run(write_rows(url, out, progress=False))
+    lines = (out / "all.jsonl").read_text().splitlines()
+    return {row["metadata"]["episode"]["task_name"]: row["metadata"] for row in map(json.loads, lines)}
+
+
+@pytest.fixture(scope="module")
+def rows(sample_env_server: ServedBundle, tmp_path_factory: pytest.TempPathFactory) -> Rows:
+    """The metadata of the sample server's rows in the split ``all``, by task name."""
+    return _rows_of(sample_env_server.url, tmp_path_factory.mktemp("sample") / "rows")
+
+
+@pytest.fixture(scope="module")
+def single_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedBundle]:
+    """A server of one session at a time, with a task that records no score and one that greets."""
+    bundle = tmp_path_factory.mktemp("bundles") / "single-env"
+    (bundle / "tasks").mkdir(parents=True)
+    for name, steps in EXTRA_TASKS.items():
+        (bundle / "tasks" / f"{name}.json").write_text(json.dumps(steps))
+    with serve_bundle(bundle, max_concurrent_envs=1) as served:
+        yield served
+
+
+@pytest.fixture
+def single(single_server: ServedBundle) -> Iterator[ServedBundle]:
+    yield single_server
+    single_server.wait_until_closed()
+
+
+@pytest.fixture(scope="module")
+def single_rows(single_server: ServedBundle, tmp_path_factory: pytest.TempPathFactory) -> Rows:
+    return _rows_of(single_server.url, tmp_path_factory.mktemp("single") / "rows")
+
+
+def _chat(model: ScriptedModel, session: str) -> ChatEndpoint:
+    return ChatEndpoint(model.base_url + "/chat/completions", "policy", {"Authorization": f"Bearer {session}"})
+
+
+def _play(
+    server: ServedBundle | None,
+    metadata: dict[str, Any],
+    model: ScriptedModel,
+    steps: Any,
+    *,
+    session: str = "episode",
+    limits: Limits | None = None,
+    sampling: dict[str, Any] | None = None,
+) -> EpisodeResult:
+    """Play with ``steps`` scripted, then wait, while anything play left behind would still be alive, for
+    ``server`` to hold nothing open."""
+    model.script(steps, session=session)
+
+    async def scenario() -> EpisodeResult:
+        result = await play(metadata, _chat(model, session), sampling or {}, limits or Limits())
+        if server is not None:
+            await _closed(server)
+        return result
+
+    return asyncio.run(scenario())
+
+
+async def _closed(server: ServedBundle) -> None:
+    await asyncio.to_thread(server.wait_until_closed)
+
+
+def _kinds(result: EpisodeResult) -> list[str]:
+    return [flag.kind for flag in result.flags]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    """Wait for ``condition``; a guard against a hang, not a check of how long it took."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never saw {what}")
+        await asyncio.sleep(0.05)
+
+
+def test_every_sample_task_earns_its_reward(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    for task in TASKS:
+        scripted_model.script(SCRIPTS[task], session=task)
+
+    async def all_at_once() -> list[EpisodeResult]:
+        played = await asyncio.gather(*(play(rows[task], _chat(scripted_model, task), {}, Limits()) for task in TASKS))
+        await _closed(sample_env)
+        return played
+
+    results = dict(zip(TASKS, asyncio.run(all_at_once()), strict=True))
+
+    for task, result in results.items():
+        assert result.reward == REWARDS[task], (task, result.flags)
+        assert result.scored == (REWARDS[task] is not None)
+        assert result.episode.task_name == task
+    assert results["scores_zero"].flags == []
+    failed = results["fails_after_the_turn"]
+    assert _kinds(failed) == [FlagKind.ENV_FAILED]
+    assert "the crate scanner is broken" in failed.flags[0].message
+    assert scripted_model.unscripted == []
+
+
+def test_a_tool_call_is_run_and_answered(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
+    sampling = {"temperature": 0.7, "top_k": 20, "max_tokens": 64}
+
+    result = _play(sample_env, rows["played"], scripted_model, SCRIPTS["played"], session="played", sampling=sampling)
+
+    assert result.reward == 1.0 and result.scored
+    system, user, called, answered, replied = result.transcript
+    assert (system["role"], user["role"], replied) == (
+        "system",
+        "user",
+        {"role": "assistant", "content": "The crate of pears is on shelf 9C."},
+    )
+    assert called["tool_calls"][0]["function"]["name"] == "find_crate"
+    assert answered == {
+        "role": "tool",
+        "tool_call_id": called["tool_calls"][0]["id"],
+        "content": "The crate 'pears' is on shelf 9C.",
+    }
+    assert [(turn.model_calls, turn.tool_calls, turn.tool_errors) for turn in result.turns] == [(2, 1, 0)]
+    first, second = scripted_model.requests_of("played")
+    assert first.body["model"] == "policy" and first.extra == sampling
+    assert [tool["function"]["name"] for tool in first.tools] == ["list_crates", "find_crate", "add_crate", "end_turn"]
+    assert first.messages == [system, user]
+    assert second.messages == [system, user, called, answered]
+    assert first.headers["authorization"] == "Bearer played"
+
+
+def test_the_result_is_one_json_line(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
+    result = _play(sample_env, rows["fails_after_the_turn"], scripted_model, SCRIPTS["fails_after_the_turn"])
+
+    line = result.to_json()
+
+    assert "\n" not in line
+    trace = json.loads(line)
+    assert trace["episode"] == {
+        "split": "all",
+        "index": result.episode.index,
+        "task_id": result.episode.task_id,
+        "task_name": "fails_after_the_turn",
+    }
+    assert (trace["reward"], trace["scored"]) == (None, False)
+    assert [(flag["kind"], flag["fatal"]) for flag in trace["flags"]] == [("env_failed", True)]
+    assert trace["transcript"] == result.transcript
+    assert trace["turns"] == [{"model_calls": 1, "tool_calls": 0, "tool_errors": 0}]
+    assert set(trace["timings"]) == {"env_s", "model_s", "capacity_wait_s", "wall_s"}
+
+
+def test_each_turn_opens_with_its_prompt(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
+    result = _play(sample_env, rows["two_turns"], scripted_model, SCRIPTS["two_turns"])
+
+    assert result.reward == 1.0
+    assert [message["role"] for message in result.transcript] == ["system", "user", "assistant", "user", "assistant"]
+    assert result.transcript[3]["content"] == "Their shift is over. Say goodbye to them."
+    assert len(result.turns) == 2
+
+
+def test_a_tool_error_goes_back_to_the_model(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    steps = [tool_call("find_crate", {"name": "plums"}), *SCRIPTS["played"]]
+
+    result = _play(sample_env, rows["played"], scripted_model, steps)
+
+    assert result.reward == 1.0 and result.flags == []
+    assert result.transcript[3]["role"] == "tool"
+    assert result.transcript[3]["content"].startswith("error (execution_error)")
+    assert "plums" in result.transcript[3]["content"]
+    assert [(turn.tool_calls, turn.tool_errors) for turn in result.turns] == [(2, 1)]
+
+
+@pytest.mark.parametrize("arguments", ['{"name": "pears"', '["pears"]', '"pears"'])
+def test_arguments_that_arent_an_object_are_answered_as_an_error(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel, arguments: str
+) -> None:
+    steps = [tool_call("find_crate", arguments), *SCRIPTS["played"]]
+
+    result = _play(sample_env, rows["played"], scripted_model, steps)
+
+    assert result.reward == 1.0 and result.scored
+    assert _kinds(result) == [FlagKind.BAD_TOOL_ARGUMENTS]
+    assert not result.flags[0].fatal
+    assert result.transcript[3]["role"] == "tool" and result.transcript[3]["content"].startswith("error: ")
+    assert [(turn.tool_calls, turn.tool_errors) for turn in result.turns] == [(2, 1)]
+
+
+def test_the_model_may_end_its_turn_itself(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
+    result = _play(sample_env, rows["reply_only"], scripted_model, [tool_call("end_turn", {"response": "A banana."})])
+
+    assert result.reward == 1.0 and result.flags == []
+    assert result.transcript[-1]["role"] == "tool"
+    assert result.turns[0].tool_calls == 0
+
+
+def test_calls_after_end_turn_are_not_run(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
+    steps = [
+        tool_calls(tool_call("end_turn", {"response": "I added it."}), tool_call("add_crate", {"name": "oranges"}))
+    ]
+
+    result = _play(sample_env, rows["adds_a_crate"], scripted_model, steps)
+
+    assert result.reward == 0.0 and result.scored
+    assert result.transcript[-1]["content"] == "error: not run: the turn had already ended"
+
+
+def test_past_the_tool_call_limit_the_turn_ends_with_the_latest_text(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    steps = [
+        tool_call("find_crate", {"name": "apples"}),
+        tool_call("find_crate", {"name": "pears"}, content="The pears are on shelf 9C, I think."),
+    ]
+
+    result = _play(sample_env, rows["played"], scripted_model, steps, limits=Limits(max_tool_calls_per_turn=1))
+
+    assert result.reward == 1.0 and result.scored
+    assert _kinds(result) == [FlagKind.TOOL_CALL_LIMIT]
+    assert result.transcript[-1]["content"] == "error: not run: the turn's tool-call limit was reached"
+    assert result.turns[0].tool_calls == 1
+
+
+def test_past_the_turn_limit_the_episode_is_abandoned_unscored(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    result = _play(sample_env, rows["two_turns"], scripted_model, SCRIPTS["two_turns"], limits=Limits(max_turns=1))
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.TURN_LIMIT]
+    assert len(scripted_model.requests) == 1
+
+
+def test_past_the_model_deadline_the_episode_is_abandoned(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    steps = [text("Let me see."), delay(30, text("A banana."))]
+
+    result = _play(sample_env, rows["two_turns"], scripted_model, steps, limits=Limits(model_deadline_s=3))
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.MODEL_DEADLINE]
+    assert "model_deadline_s=3" in result.flags[0].message
+    assert len(result.turns) == 2
+
+
+@pytest.mark.parametrize(("step", "says"), [
+    (error(503), "HTTP 503"),
+    (error(429), "HTTP 429"),
+    (error(500, "upstream exploded"), "upstream exploded"),
+    (broken(), "isn't JSON"),
+    (broken('{"choices": []}'), "without a choice"),
+])  # fmt: skip
+def test_a_failed_chat_session_is_flagged(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel, step: Any, says: str
+) -> None:
+    result = _play(sample_env, rows["played"], scripted_model, [step])
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.SESSION_FAILED]
+    assert says in result.flags[0].message
+
+
+def test_an_unreachable_chat_endpoint_is_a_failed_session(sample_env: ServedBundle, rows: Rows) -> None:
+    chat = ChatEndpoint(f"http://127.0.0.1:{_free_port()}/v1/chat/completions", "policy")
+
+    result = asyncio.run(play(rows["reply_only"], chat, {}, Limits()))
+
+    assert _kinds(result) == [FlagKind.SESSION_FAILED]
+    assert "ConnectError" in result.flags[0].message
+
+
+def test_a_row_of_another_task_is_refused(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
+    moved = {**rows["played"], "episode": {**rows["played"]["episode"], "task_id": "@local/elsewhere/played"}}
+
+    result = _play(sample_env, moved, scripted_model, SCRIPTS["played"])
+
+    assert _kinds(result) == [FlagKind.TASK_MISMATCH]
+    assert "@local/elsewhere/played" in result.flags[0].message
+    assert scripted_model.requests == []
+
+
+def test_an_episode_without_a_reward_is_flagged(
+    single: ServedBundle, single_rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    result = _play(single, single_rows["unscored"], scripted_model, [text("Anything.")])
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.NO_REWARD]
+
+
+def test_a_full_server_is_waited_for(single: ServedBundle, single_rows: Rows, scripted_model: ScriptedModel) -> None:
+    scripted_model.script([text("Hello, welcome!")], session="waits")
+
+    async def scenario() -> EpisodeResult:
+        async with _held(single, single_rows["unscored"]):
+            waiting = asyncio.create_task(play(single_rows["greets"], _chat(scripted_model, "waits"), {}, Limits()))
+            await asyncio.sleep(2)
+            assert not waiting.done()
+        result = await waiting
+        await _closed(single)
+        return result
+
+    result = asyncio.run(scenario())
+
+    assert result.reward == 1.0 and result.scored
+    assert result.timings.capacity_wait_s > 0
+
+
+def test_a_server_full_for_too_long_is_flagged(
+    single: ServedBundle, single_rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    async def scenario() -> EpisodeResult:
+        async with _held(single, single_rows["unscored"]):
+            result = await play(single_rows["greets"], _chat(scripted_model, "gives_up"), {}, Limits(capacity_wait_s=1))
+        await _closed(single)
+        return result
+
+    result = asyncio.run(scenario())
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.CAPACITY_EXHAUSTED]
+    assert "all 1 of its sessions" in result.flags[0].message
+    assert scripted_model.requests == []
+
+
+def test_cancelling_closes_the_episode(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
+    scripted_model.script([delay(30, text("I added the crate."))], session="cancelled")
+
+    async def scenario() -> None:
+        playing = asyncio.create_task(play(rows["adds_a_crate"], _chat(scripted_model, "cancelled"), {}, Limits()))
+        await _until(lambda: scripted_model.requests_of("cancelled"), "the model asked")
+        assert sample_env.open_episodes() == 1
+        playing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await playing
+        await _closed(sample_env)
+
+    asyncio.run(scenario())
+
+
+def test_cancelling_while_waiting_for_a_session_leaves_none(
+    single: ServedBundle, single_rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    async def scenario() -> None:
+        async with _held(single, single_rows["unscored"]):
+            waiting = asyncio.create_task(play(single_rows["greets"], _chat(scripted_model, "never"), {}, Limits()))
+            await asyncio.sleep(1)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+        await _closed(single)
+
+    asyncio.run(scenario())
+
+    assert scripted_model.requests == []
+
+
+def test_an_unreachable_env_server_is_flagged(rows: Rows, scripted_model: ScriptedModel) -> None:
+    elsewhere = {
+        **rows["reply_only"],
+        "server": {**rows["reply_only"]["server"], "url": f"http://127.0.0.1:{_free_port()}"},
+    }
+
+    result = _play(None, elsewhere, scripted_model, SCRIPTS["reply_only"])
+
+    assert _kinds(result) == [FlagKind.ENV_UNREACHABLE]
+    assert scripted_model.requests == []
+
+
+@pytest.mark.parametrize(("answer", "says"), [
+    ({"type": "error", "data": {"code": "EXECUTION_ERROR", "message": "the env broke"}}, "the env broke"),
+    (None, "the session closed"),
+    ("not json", "isn't JSON"),
+])  # fmt: skip
+def test_an_env_server_breaking_the_protocol_is_flagged(scripted_model: ScriptedModel, answer: Any, says: str) -> None:
+    async def scenario() -> EpisodeResult:
+        async with _fake_env(answer) as url:
+            metadata = {
+                "episode": {"split": "all", "index": 0, "task_id": "fake", "task_name": "fake"},
+                "server": {"url": url, "env_name": "fake"},
+                "tools": [],
+            }
+            return await play(metadata, _chat(scripted_model, "fake"), {}, Limits())
+
+    result = asyncio.run(scenario())
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.PROTOCOL_ERROR]
+    assert says in result.flags[0].message
+
+
+def test_a_row_that_isnt_prepares_is_refused_up_front() -> None:
+    chat = ChatEndpoint("http://127.0.0.1:1/v1/chat/completions", "policy")
+
+    with pytest.raises(ValueError, match="isn't a row written by"):
+        asyncio.run(play({"prompt": "hi"}, chat, {}, Limits()))
+
+
+def test_sampling_cant_replace_what_play_sends(rows: Rows) -> None:
+    chat = ChatEndpoint("http://127.0.0.1:1/v1/chat/completions", "policy")
+
+    with pytest.raises(ValueError, match="sampling sets model, tools"):
+        asyncio.run(play(rows["played"], chat, {"model": "other", "tools": [], "top_p": 1}, Limits()))
+
+
+@asynccontextmanager
+async def _held(server: ServedBundle, metadata: dict[str, Any]):
+    """An episode of ``metadata``'s task held open, taking one of ``server``'s sessions, for the ``with`` body."""
+    async with EpisodeSession(server.url) as session:
+        await session.reset(metadata["episode"]["split"], metadata["episode"]["index"])
+        yield
+
+
+@asynccontextmanager
+async def _fake_env(answer: Any):
+    """A WebSocket server that starts the task ``fake`` and answers every later message with ``answer``: a frame,
+    text that isn't JSON, or (None) a closed connection."""
+
+    async def session(ws: ServerConnection) -> None:
+        async for message in ws:
+            if json.loads(message)["type"] == "reset":
+                task = {"id": "fake", "name": "fake", "split": "all", "index": 0}
+                await ws.send(
+                    json.dumps(
+                        {
+                            "type": "observation",
+                            "data": {
+                                "observation": {},
+                                "reward": None,
+                                "done": False,
+                                "metadata": {"prompt": "Hi.", "system_prompt": None, "task": task},
+                            },
+                        }
+                    )
+                )
+            elif answer is None:
+                return
+            else:
+                await ws.send(answer if isinstance(answer, str) else json.dumps(answer))
+
+    async with serve(session, "127.0.0.1", 0) as server:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
