@@ -15,23 +15,42 @@ def py_pytest(name, srcs, deps = [], data = [], **kwargs):
         **kwargs
     )
 
+def _env_command(env, packages):
+    """The run_in_env.sh arguments that come before the Python arguments."""
+    return [
+        env,
+        "$(rootpath @python_venv//:paths.sh)",
+        ",".join(["packages/%s" % package for package in packages]),
+        "--",
+    ]
+
+def _env_data(packages):
+    return ["@python_venv//:paths.sh"] + ["//packages/%s" % package for package in packages]
+
 def env_pytest(name, env, srcs, packages, data = [], **kwargs):
     """An sh_test that runs pytest on `srcs` inside trainer environment `env` (slime or miles).
 
     `packages` names the project's packages (e.g. "chat_core") to put on PYTHONPATH from the runfiles; the
-    environment itself is the one ./bazelw built and linked at .venvs/<env>, and the env server still runs with
-    the dev environment's interpreter.
+    environment itself is the one ./bazelw built and linked at .venvs/<env>, so the target is tagged to run every
+    time, and the env server still runs with the dev environment's interpreter.
     """
     native.sh_test(
         name = name,
         srcs = ["//tools/pytest:run_in_env.sh"],
-        args = [
-            env,
-            "$(rootpath @python_venv//:paths.sh)",
-            ",".join(["packages/%s" % package for package in packages]),
-            "--",
-        ] + ["$(rootpath %s)" % src for src in srcs],
-        data = srcs + data + ["@python_venv//:paths.sh"] + ["//packages/%s" % package for package in packages],
+        args = _env_command(env, packages) + ["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE"] +
+               ["$(rootpath %s)" % src for src in srcs],
+        data = srcs + data + _env_data(packages),
+        tags = ["external"],
+        **kwargs
+    )
+
+def env_binary(name, env, main, packages, data = [], **kwargs):
+    """An sh_binary that runs the Python script `main` inside trainer environment `env`, for `bazel run`."""
+    native.sh_binary(
+        name = name,
+        srcs = ["//tools/pytest:run_in_env.sh"],
+        args = _env_command(env, packages) + ["$(rootpath %s)" % main],
+        data = [main] + data + _env_data(packages),
         **kwargs
     )
 

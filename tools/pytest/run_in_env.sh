@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs pytest inside one of the trainer environments (slime or Miles) that ./bazelw links at .venvs/<name>, with
-# the project's packages on PYTHONPATH from Bazel's runfiles. Usage: run_in_env.sh ENV PATHS_SH PKG_DIRS -- TESTS...
+# Runs Python inside one of the trainer environments (slime or Miles) that ./bazelw links at .venvs/<name>, with the
+# project's packages on PYTHONPATH from Bazel's runfiles and the env server on the dev environment's interpreter.
+# Usage: run_in_env.sh ENV PATHS_SH PKG_DIRS -- PYTHON_ARGS...
 set -euo pipefail
 env_name=$1 paths_sh=$2 pkg_dirs=$3
 shift 3
@@ -10,7 +11,7 @@ source "$paths_sh"
 runfiles=${RUNFILES_DIR:-$PWD/..}
 python=$WORKSPACE_ROOT/.venvs/$env_name/bin/python
 if [[ ! -x $python ]]; then
-  echo "The $env_name environment is missing ($WORKSPACE_ROOT/.venvs/$env_name)." >&2
+  echo "The $env_name environment is missing ($WORKSPACE_ROOT/.venvs/$env_name); building it says why:" >&2
   "$DEV_PYTHON" "$WORKSPACE_ROOT/tools/envs/build_env.py" "$env_name" >&2 || true
   exit 1
 fi
@@ -20,4 +21,4 @@ for dir in ${pkg_dirs//,/ }; do
 done
 export PYTHONPATH=$pythonpath${PYTHONPATH:+:$PYTHONPATH}
 export ENV_SERVER_PYTHON=$DEV_PYTHON
-exec "$python" -m pytest -p no:cacheprovider -q -rfE "$@"
+exec "$python" "$@"

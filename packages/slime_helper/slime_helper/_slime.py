@@ -1,0 +1,113 @@
+"""The parts of slime this helper uses, found and checked once per process by their names and parameters (never
+by a version string), so a slime that lacks one fails at the first rollout with everything missing in one message,
+not halfway through an episode."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from slime_helper.errors import UnsupportedSlime
+
+SUPPORTED_SLIME = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
+_SAMPLE_FIELDS = (
+    "tokens",
+    "response",
+    "response_length",
+    "loss_mask",
+    "rollout_log_probs",
+    "reward",
+    "remove_sample",
+    "status",
+    "metadata",
+)
+
+
+@dataclass(frozen=True)
+class Slime:
+    """What the helper calls in slime. ``native_template_kwargs``: whether the adapter's ``open_session`` takes
+    ``apply_chat_template_kwargs`` itself, as newer adapters do."""
+
+    OpenAIAdapter: type
+    run_app_in_thread: Callable[..., Any]
+    load_tokenizer: Callable[..., Any]
+    Sample: type
+    DynamicFilterOutput: type
+    native_template_kwargs: bool
+
+
+@functools.cache
+def slime() -> Slime:
+    """The parts of the installed slime the helper uses. Raises UnsupportedSlime naming each part that is missing or
+    takes other parameters, and the slime commit the helper is known to work with."""
+    missing: list[str] = []
+    adapter = _find("slime.agent.adapters", "OpenAIAdapter", missing)
+    run_app = _find("slime.agent.aiohttp_threaded", "run_app_in_thread", missing)
+    load_tokenizer = _find("slime.utils.processing_utils", "load_tokenizer", missing)
+    sample = _find("slime.utils.types", "Sample", missing)
+    filter_output = _find("slime.rollout.filter_hub.base_types", "DynamicFilterOutput", missing)
+    if adapter is not None:
+        where = "slime.agent.adapters.OpenAIAdapter"
+        missing += _lacking(where, adapter, ("tokenizer", "sglang_url", "tool_parser", "reasoning_parser"))
+        missing += _lacking(
+            f"{where}.open_session", getattr(adapter, "open_session", None), ("sampling_defaults", "max_context_tokens")
+        )
+        missing += _lacking(
+            f"{where}.finish_session",
+            getattr(adapter, "finish_session", None),
+            ("base_sample", "reward", "extra_metadata"),
+        )
+        missing += _lacking(f"{where}.drop_session", getattr(adapter, "drop_session", None), ("sid",))
+    if run_app is not None:
+        missing += _lacking(
+            "slime.agent.aiohttp_threaded.run_app_in_thread", run_app, ("host", "port", "thread_name", "runner_kwargs")
+        )
+    if filter_output is not None:
+        missing += _lacking(
+            "slime.rollout.filter_hub.base_types.DynamicFilterOutput", filter_output, ("keep", "reason")
+        )
+    if sample is not None:
+        fields = {field.name for field in dataclasses.fields(sample)} if dataclasses.is_dataclass(sample) else set()
+        missing += [f"slime.utils.types.Sample.{name}" for name in _SAMPLE_FIELDS if name not in fields]
+        statuses = getattr(sample, "Status", None)
+        missing += [
+            f"slime.utils.types.Sample.Status.{name}"
+            for name in ("COMPLETED", "ABORTED")
+            if not hasattr(statuses, name)
+        ]
+    if missing:
+        raise UnsupportedSlime(
+            "this slime lacks what slime_helper uses: "
+            + "; ".join(missing)
+            + f". slime_helper works with slime at commit {SUPPORTED_SLIME} (github.com/THUDM/slime); install that "
+            "commit or one whose agent adapter offers these"
+        )
+    native = "apply_chat_template_kwargs" in inspect.signature(adapter.open_session).parameters
+    return Slime(adapter, run_app, load_tokenizer, sample, filter_output, native)
+
+
+def _find(module: str, name: str, missing: list[str]) -> Any:
+    try:
+        found = getattr(importlib.import_module(module), name, None)
+    except ImportError as e:
+        missing.append(f"{module} (importing it fails: {e})")
+        return None
+    if found is None:
+        missing.append(f"{module}.{name}")
+    return found
+
+
+def _lacking(where: str, function: Any, names: Iterable[str]) -> list[str]:
+    """``where(name=…)`` for each of ``names`` that ``function`` doesn't take."""
+    if function is None:
+        return [where]
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return [f"{where} (its signature can't be read)"]
+    return [f"{where}({name}=…)" for name in names if name not in parameters]

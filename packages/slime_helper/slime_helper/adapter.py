@@ -1,0 +1,100 @@
+"""The rollout process's one slime ``OpenAIAdapter``: the OpenAI chat endpoint an episode's model talks to, which
+sends each turn to slime's SGLang router and records it as training tokens.
+
+It is built on the first rollout from slime's launch flags (tokenizer from ``--hf-checkpoint`` through slime's
+``load_tokenizer``, parsers from ``--sglang-tool-call-parser`` and ``--sglang-reasoning-parser``, upstream
+``http://{--sglang-router-ip}:{--sglang-router-port}``), served on loopback by a thread of its own, and cached on
+``AdapterService`` itself rather than through slime's internals; ``AdapterService.reset()`` stops it.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from chat_core import ChatEndpoint
+
+from slime_helper._slime import slime
+from slime_helper.errors import MissingToolParser
+
+
+class AdapterService:
+    """slime's ``OpenAIAdapter`` for this process, listening on ``chat_url``. Raises MissingToolParser when slime
+    was launched without ``--sglang-tool-call-parser``, and UnsupportedSlime when slime lacks what it uses."""
+
+    _current: ClassVar[AdapterService | None] = None
+
+    def __init__(self, args: Namespace):
+        tool_parser = getattr(args, "sglang_tool_call_parser", None)
+        if not tool_parser:
+            raise MissingToolParser(
+                "slime_helper needs slime's --sglang-tool-call-parser, the SGLang parser that reads the model's "
+                "tool calls (e.g. --sglang-tool-call-parser qwen25 for Qwen models); without one every tool call "
+                "would reach the env as plain text and every episode would score 0"
+            )
+        api = slime()
+        tokenizer = api.load_tokenizer(args.hf_checkpoint, trust_remote_code=True)
+        self._template_kwargs = dict(getattr(args, "apply_chat_template_kwargs", None) or {})
+        self._native_template_kwargs = api.native_template_kwargs
+        if self._template_kwargs and not self._native_template_kwargs:
+            tokenizer = TemplateKwargsTokenizer(tokenizer, self._template_kwargs)
+        self.adapter = api.OpenAIAdapter(
+            tokenizer=tokenizer,
+            sglang_url=f"http://{args.sglang_router_ip}:{args.sglang_router_port}",
+            tool_parser=tool_parser,
+            reasoning_parser=getattr(args, "sglang_reasoning_parser", None) or None,
+        )
+        self._max_context_tokens = int(getattr(args, "rollout_max_context_len", None) or 0)
+        self._model = Path(args.hf_checkpoint).name
+        # A client that goes away (a cancelled rollout) cancels its handler, which then aborts the SGLang request.
+        self._app = api.run_app_in_thread(
+            self.adapter.app,
+            host="127.0.0.1",
+            port=0,
+            thread_name="slime-helper-adapter",
+            runner_kwargs={"handler_cancellation": True},
+        )
+        self.chat_url = f"http://127.0.0.1:{self._app.port}/v1/chat/completions"
+
+    @classmethod
+    def of(cls, args: Namespace) -> AdapterService:
+        """This process's adapter, built from ``args`` on the first call."""
+        if cls._current is None:
+            cls._current = cls(args)
+        return cls._current
+
+    @classmethod
+    def reset(cls) -> None:
+        """Stop this process's adapter, if there is one; the next ``of`` builds a new one."""
+        current, cls._current = cls._current, None
+        if current is not None:
+            current._app.stop()
+
+    def open_session(self, sid: str, sampling_defaults: Mapping[str, Any]) -> None:
+        """Open session ``sid`` on the adapter, whose SGLang requests start from ``sampling_defaults``."""
+        native = {"apply_chat_template_kwargs": self._template_kwargs} if self._native_template_kwargs else {}
+        self.adapter.open_session(
+            sid, sampling_defaults=dict(sampling_defaults), max_context_tokens=self._max_context_tokens, **native
+        )
+
+    def chat(self, sid: str) -> ChatEndpoint:
+        """The chat endpoint whose requests belong to session ``sid``."""
+        return ChatEndpoint(url=self.chat_url, model=self._model, headers={"Authorization": f"Bearer {sid}"})
+
+
+class TemplateKwargsTokenizer:
+    """A tokenizer whose ``apply_chat_template`` always gets ``template_kwargs`` (e.g. ``enable_thinking=False``),
+    for an adapter that renders chats with no per-session template kwargs. Everything else is the wrapped
+    tokenizer's."""
+
+    def __init__(self, tokenizer: Any, template_kwargs: Mapping[str, Any]):
+        self._tokenizer = tokenizer
+        self._template_kwargs = dict(template_kwargs)
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
+        return self._tokenizer.apply_chat_template(conversation, **{**self._template_kwargs, **kwargs})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)

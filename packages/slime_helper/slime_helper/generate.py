@@ -1,0 +1,115 @@
+"""slime's generate function and dynamic-sampling filter for rows of an OpenEnv server's agentenv tasks:
+
+    --custom-generate-function-path slime_helper.generate.generate
+    --dynamic-sampling-filter-path slime_helper.generate.keep_scored_groups
+
+Per sample: open a session on the process's adapter → play the row's episode through it (``chat_core.play``) →
+``finish_session``: the turns the adapter recorded, as samples carrying the episode's reward, so slime runs no
+reward model. An eval drops the session and returns one sample per episode.
+"""
+
+from __future__ import annotations
+
+import uuid
+from argparse import Namespace
+from collections.abc import Mapping
+from typing import Any
+
+from chat_core import EpisodeResult, Limits, play
+
+from slime_helper._slime import slime
+from slime_helper.adapter import AdapterService
+
+LIMITS = Limits()
+_CHAT_SAMPLING = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "max_new_tokens": "max_tokens",
+    "stop": "stop",
+}
+
+
+async def generate(args: Namespace, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> list:
+    """Play ``sample``'s episode (its metadata is a row's, as ``python -m chat_core.prepare`` writes it) with the
+    model slime serves, and return it as slime samples.
+
+    The samples are the adapter's: one per stretch of turns it could join into one token sequence (a sample per
+    turn when the chat template re-renders earlier turns differently, as Qwen3's does with thinking off), each with
+    the episode's reward (0.0 when it has none) and, in ``metadata``, the row's metadata plus ``reward``, ``scored``
+    and the episode's ``flags``. An episode with no turn recorded comes back as one aborted sample marked
+    ``remove_sample``. In an eval (``evaluation=True``) the session is dropped and the episode comes back as one
+    sample holding its reward with nothing to train, since slime's eval averages over samples.
+
+    Raises MissingToolParser without ``--sglang-tool-call-parser``, UnsupportedSlime when slime lacks what the
+    helper uses, and ValueError when the sample's metadata isn't a row's. When cancelled, drops the session, closes
+    the episode without running its verifiers and re-raises."""
+    api = slime()
+    service = AdapterService.of(args)
+    sid = f"slime-helper-{uuid.uuid4().hex}"
+    service.open_session(sid, {key: value for key, value in sampling_params.items() if value is not None})
+    try:
+        result = await play(sample.metadata, service.chat(sid), _chat_sampling(sampling_params), LIMITS)
+        if evaluation:
+            return [_untrained(sample, result, api.Sample.Status.COMPLETED)]
+        samples = await service.adapter.finish_session(
+            sid,
+            base_sample=sample,
+            reward=_reward_of(result),
+            extra_metadata=_metadata(sample, result),
+        )
+        return samples or [_untrained(sample, result, api.Sample.Status.ABORTED)]
+    finally:
+        await service.adapter.drop_session(sid)
+
+
+generate.abort_mode = "request"
+
+
+def keep_scored_groups(args: Namespace, samples: list) -> Any:
+    """slime's dynamic-sampling filter: leaves out a group holding an episode with no reward to train on, flagged
+    by the episode loop (reason ``unscored_episode``) or with no turn recorded (reason ``no_model_turn``), so
+    neither trains as a reward of 0. Episodes flagged only for something they survived (arguments that weren't an
+    object, the tool-call limit) are kept. ``samples`` is the group as slime hands it: samples, or a list of samples
+    per rollout."""
+    api = slime()
+    flat = [item for entry in samples for item in (entry if isinstance(entry, list) else [entry])]
+    if any(item.status == api.Sample.Status.ABORTED for item in flat):
+        return api.DynamicFilterOutput(keep=False, reason="no_model_turn")
+    if not all((item.metadata or {}).get("scored") for item in flat):
+        return api.DynamicFilterOutput(keep=False, reason="unscored_episode")
+    return api.DynamicFilterOutput(keep=True)
+
+
+def _chat_sampling(sampling_params: Mapping[str, Any]) -> dict[str, Any]:
+    """slime's SGLang sampling settings under the chat request's names; the rest reach SGLang as the session's
+    defaults."""
+    return {name: sampling_params[key] for key, name in _CHAT_SAMPLING.items() if sampling_params.get(key) is not None}
+
+
+def _reward_of(result: EpisodeResult) -> float:
+    return result.reward if result.scored else 0.0
+
+
+def _metadata(sample: Any, result: EpisodeResult) -> dict[str, Any]:
+    return {
+        **(sample.metadata or {}),
+        "reward": result.reward,
+        "scored": result.scored,
+        "flags": [{"kind": str(flag.kind), "message": flag.message, "fatal": flag.fatal} for flag in result.flags],
+    }
+
+
+def _untrained(sample: Any, result: EpisodeResult, status: Any) -> Any:
+    """``sample`` as one placeholder token with nothing to train, holding the episode's reward and flags: slime's
+    own agent examples shape their eval and aborted samples this way."""
+    sample.tokens = [0, 0]
+    sample.response = ""
+    sample.response_length = 1
+    sample.loss_mask = [0]
+    sample.rollout_log_probs = [0.0]
+    sample.reward = _reward_of(result)
+    sample.remove_sample = True
+    sample.status = status
+    sample.metadata = _metadata(sample, result)
+    return sample

@@ -1,0 +1,127 @@
+"""The slime tier: this project's generate function and filter driven by slime's own code (``parse_args``,
+``Dataset``, ``generate_and_rm_group``, the eval rollout, ``call_dynamic_filter``) and slime's real ``OpenAIAdapter``
+with Qwen3's tokenizer, against agent-env's real env server and a stand-in for SGLang's ``/generate``.
+
+It runs inside the slime environment, with the packages on the path:
+
+    python3.11 tools/envs/build_env.py slime
+    PYTHONPATH=packages/chat_core:packages/slime_helper:packages/test_support \\
+        .venvs/slime/bin/python -m pytest tests/slime
+
+The env server runs on the Python that ``ENV_SERVER_PYTHON`` names, by default the development virtualenv's
+(``.venv/bin/python``), which has agent-env; slime's environment doesn't. Without slime's pin, outside the slime
+environment of the current spec, or without that Python, the tier fails at once saying how to fix it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from argparse import Namespace
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SERVER_PYTHON = Path(os.environ.get("ENV_SERVER_PYTHON") or REPO / ".venv" / "bin" / "python")
+sys.path[:0] = [str(REPO / "third_party"), str(REPO / "tools" / "envs")]
+
+import build_env  # noqa: E402
+import pins  # noqa: E402
+
+try:
+    pins.path_of("slime")
+    pins.path_of("megatron-lm")
+except pins.PinUnavailable as missing:
+    raise pytest.UsageError(f"the slime tier needs the pinned slime and Megatron-LM. {missing}") from None
+
+
+if Path(sys.prefix).resolve() != build_env.env_dir("slime").resolve():
+    raise pytest.UsageError(
+        f"the slime tier runs in the slime environment of the current spec ({build_env.env_dir('slime')}), not in "
+        f"{sys.prefix}: run python3.11 tools/envs/build_env.py slime, then .venvs/slime/bin/python -m pytest "
+        "tests/slime"
+    )
+if not SERVER_PYTHON.is_file():
+    raise pytest.UsageError(
+        f"the env server runs on {SERVER_PYTHON}, which is missing: create the development virtualenv (.venv) or "
+        "name a Python with agentenv-framework[openenv] in ENV_SERVER_PYTHON"
+    )
+
+from chat_core.prepare import write_rows  # noqa: E402
+from launch import EVAL_SPLIT, THINKING_OFF, parse_slime_args, qwen3_checkpoint, slime_command  # noqa: E402
+from sglang_stand_in import StandInSGLang, by_task  # noqa: E402
+from slime.utils.processing_utils import load_tokenizer  # noqa: E402
+from slime_helper import AdapterService  # noqa: E402
+from test_support import ServedBundle, serve_bundle  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def env_server() -> Iterator[ServedBundle]:
+    """The sample bundle served by agent-env's real server, on the Python that has agent-env."""
+    with serve_bundle(python=SERVER_PYTHON) as served:
+        yield served
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_open(env_server: ServedBundle) -> Iterator[None]:
+    """Each test ends with no episode or session left open on the server, and this process's adapter stopped."""
+    yield
+    AdapterService.reset()
+    env_server.wait_until_closed()
+
+
+@pytest.fixture(scope="session")
+def rows(env_server: ServedBundle, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of rows ``chat_core.prepare`` wrote from the server: ``all.jsonl`` and one file per eval."""
+    out = tmp_path_factory.mktemp("rows") / "rows"
+    asyncio.run(write_rows(env_server.url, out, progress=False))
+    return out
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return qwen3_checkpoint(tmp_path_factory.mktemp("hf") / "Qwen3-0.6B")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(checkpoint: Path):
+    return load_tokenizer(str(checkpoint), trust_remote_code=True)
+
+
+@pytest.fixture(scope="session")
+def sglang_server(tokenizer, env_server: ServedBundle) -> Iterator[StandInSGLang]:
+    with StandInSGLang(tokenizer, script_of=by_task(env_server)) as stand_in:
+        yield stand_in
+
+
+@pytest.fixture
+def sglang(sglang_server: StandInSGLang, env_server: ServedBundle) -> Iterator[StandInSGLang]:
+    """The stand-in for SGLang, playing each task's test_support script unless a test sets ``script_of``."""
+    yield sglang_server
+    sglang_server.script_of = by_task(env_server)
+
+
+@pytest.fixture(scope="session")
+def launch(checkpoint: Path, rows: Path, sglang_server: StandInSGLang) -> Callable[..., Namespace]:
+    """slime's arguments for a launch with this project's hooks, parsed once per variant: ``thinking=False`` adds
+    ``--apply-chat-template-kwargs '{"enable_thinking": false}'``, ``tool_parser=False`` leaves out
+    ``--sglang-tool-call-parser qwen25``."""
+    parsed: dict[tuple[bool, bool], Namespace] = {}
+
+    def args(*, thinking: bool = True, tool_parser: bool = True) -> Namespace:
+        if (thinking, tool_parser) not in parsed:
+            extra = [*([] if thinking else THINKING_OFF), *(["--sglang-tool-call-parser", "qwen25"] * tool_parser)]
+            command = slime_command(
+                checkpoint,
+                (sglang_server.host, sglang_server.port),
+                rows / "all.jsonl",
+                {EVAL_SPLIT: rows / f"{EVAL_SPLIT}.jsonl"},
+                *extra,
+            )
+            parsed[thinking, tool_parser] = parse_slime_args(command)
+        return parsed[thinking, tool_parser]
+
+    return args
