@@ -105,15 +105,21 @@ def sglang(sglang_server: StandInSGLang, env_server: ServedBundle) -> Iterator[S
 
 
 @pytest.fixture(scope="session")
-def launch(checkpoint: Path, rows: Path, sglang_server: StandInSGLang) -> Callable[..., Namespace]:
+def launch(
+    checkpoint: Path, rows: Path, sglang_server: StandInSGLang, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., Namespace]:
     """slime's arguments for a launch with this project's hooks, parsed once per variant: ``thinking=False`` adds
     ``--apply-chat-template-kwargs '{"enable_thinking": false}'``, ``tool_parser=False`` leaves out
-    ``--sglang-tool-call-parser qwen25``."""
-    parsed: dict[tuple[bool, bool], Namespace] = {}
+    ``--sglang-tool-call-parser qwen25``, and ``config`` (YAML text) is passed as ``--custom-config-path``."""
+    parsed: dict[tuple[bool, bool, str], Namespace] = {}
 
-    def args(*, thinking: bool = True, tool_parser: bool = True) -> Namespace:
-        if (thinking, tool_parser) not in parsed:
+    def args(*, thinking: bool = True, tool_parser: bool = True, config: str = "") -> Namespace:
+        if (thinking, tool_parser, config) not in parsed:
             extra = [*([] if thinking else THINKING_OFF), *(["--sglang-tool-call-parser", "qwen25"] * tool_parser)]
+            if config:
+                path = tmp_path_factory.mktemp("config") / "custom.yaml"
+                path.write_text(config)
+                extra += ["--custom-config-path", str(path)]
             command = slime_command(
                 checkpoint,
                 (sglang_server.host, sglang_server.port),
@@ -121,7 +127,7 @@ def launch(checkpoint: Path, rows: Path, sglang_server: StandInSGLang) -> Callab
                 {EVAL_SPLIT: rows / f"{EVAL_SPLIT}.jsonl"},
                 *extra,
             )
-            parsed[thinking, tool_parser] = parse_slime_args(command)
-        return parsed[thinking, tool_parser]
+            parsed[thinking, tool_parser, config] = parse_slime_args(command)
+        return parsed[thinking, tool_parser, config]
 
     return args

@@ -163,3 +163,14 @@ def test_the_adapter_refuses_to_start_without_a_tool_call_parser(launch, sglang,
     with pytest.raises(MissingToolParser, match=r"--sglang-tool-call-parser.*qwen25"):
         rollout(args, group_of(args, "played"))
     assert env_server.open_episodes() == 0
+
+
+def test_episode_bounds_come_from_the_custom_config_and_a_bounded_episode_is_left_out(launch, sglang):
+    args = launch(config="episode_max_turns: 1\nepisode_model_deadline_s: 120\n")
+    played = rollout(args, group_of(args, "two_turns"))
+
+    for samples in played:
+        [sample] = samples
+        assert sample.metadata["scored"] is False
+        assert [flag["kind"] for flag in sample.metadata["flags"]] == ["turn_limit"]
+    assert kept(args, played) == (False, "unscored_episode")

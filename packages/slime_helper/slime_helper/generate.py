@@ -3,6 +3,9 @@
     --custom-generate-function-path slime_helper.generate.generate
     --dynamic-sampling-filter-path slime_helper.generate.keep_scored_groups
 
+Episode bounds are chat_core's defaults unless slime's ``--custom-config-path`` YAML sets ``episode_max_turns``,
+``episode_max_tool_calls_per_turn`` or ``episode_model_deadline_s`` (slime puts its keys on ``args``).
+
 Per sample: open a session on the process's adapter → play the row's episode through it (``chat_core.play``) →
 ``finish_session``: the turns the adapter recorded, as samples carrying the episode's reward, so slime runs no
 reward model. An eval drops the session and returns one sample per episode.
@@ -10,6 +13,7 @@ reward model. An eval drops the session and returns one sample per episode.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from argparse import Namespace
 from collections.abc import Mapping
@@ -20,7 +24,12 @@ from chat_core import EpisodeResult, Limits, play
 from slime_helper._slime import slime
 from slime_helper.adapter import AdapterService
 
-LIMITS = Limits()
+logger = logging.getLogger(__name__)
+_LIMIT_SETTINGS = {
+    "episode_max_turns": "max_turns",
+    "episode_max_tool_calls_per_turn": "max_tool_calls_per_turn",
+    "episode_model_deadline_s": "model_deadline_s",
+}
 _CHAT_SAMPLING = {
     "temperature": "temperature",
     "top_p": "top_p",
@@ -49,7 +58,14 @@ async def generate(args: Namespace, sample: Any, sampling_params: dict[str, Any]
     sid = f"slime-helper-{uuid.uuid4().hex}"
     service.open_session(sid, {key: value for key, value in sampling_params.items() if value is not None})
     try:
-        result = await play(sample.metadata, service.chat(sid), _chat_sampling(sampling_params), LIMITS)
+        result = await play(sample.metadata, service.chat(sid), _chat_sampling(sampling_params), episode_limits(args))
+        if not result.scored:
+            logger.warning(
+                "%s episode %s is unscored: %s",
+                "eval" if evaluation else "train",
+                result.episode.task_name,
+                "; ".join(f"{flag.kind}: {flag.message}" for flag in result.flags if flag.fatal) or "no reward",
+            )
         if evaluation:
             return [_untrained(sample, result, api.Sample.Status.COMPLETED)]
         samples = await service.adapter.finish_session(
@@ -79,6 +95,13 @@ def keep_scored_groups(args: Namespace, samples: list) -> Any:
     if not all((item.metadata or {}).get("scored") for item in flat):
         return api.DynamicFilterOutput(keep=False, reason="unscored_episode")
     return api.DynamicFilterOutput(keep=True)
+
+
+def episode_limits(args: Namespace) -> Limits:
+    """The bounds of every episode of this launch: chat_core's ``Limits`` with the ``episode_*`` settings slime's
+    ``--custom-config-path`` put on ``args``. Raises ValueError when a setting is out of range."""
+    chosen = {name: getattr(args, key) for key, name in _LIMIT_SETTINGS.items() if getattr(args, key, None) is not None}
+    return Limits(**chosen)
 
 
 def _chat_sampling(sampling_params: Mapping[str, Any]) -> dict[str, Any]:
