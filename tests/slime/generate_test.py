@@ -4,6 +4,7 @@ adapter with Qwen3's tokenizer, against the real env server and the stand-in for
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 
 import pytest
@@ -13,7 +14,7 @@ from slime.rollout.filter_hub.base_types import call_dynamic_filter, should_drop
 from slime.rollout.sglang_rollout import eval_rollout_single_dataset, generate_and_rm_group
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
-from slime_helper import AdapterService, MissingToolParser
+from slime_helper import AdapterService, MissingFilter, MissingToolParser
 from test_support import REWARDS, delay, error, text, tool_call
 
 FIND_PEARS = '<tool_call>\n{"name": "find_crate", "arguments": {"name": "pears"}}\n</tool_call><|im_end|>'
@@ -174,3 +175,12 @@ def test_episode_bounds_come_from_the_custom_config_and_a_bounded_episode_is_lef
         assert sample.metadata["scored"] is False
         assert [flag["kind"] for flag in sample.metadata["flags"]] == ["turn_limit"]
     assert kept(args, played) == (False, "unscored_episode")
+
+
+def test_the_adapter_refuses_to_start_without_the_dynamic_filter(launch, sglang, env_server):
+    args = copy.copy(launch())
+    args.dynamic_sampling_filter_path = None
+
+    with pytest.raises(MissingFilter, match=r"--dynamic-sampling-filter-path slime_helper\.generate\.keep_scored"):
+        rollout(args, group_of(args, "played"))
+    assert env_server.open_episodes() == 0

@@ -32,7 +32,8 @@ def env_pytest(name, env, srcs, packages, data = [], **kwargs):
 
     `packages` names the project's packages (e.g. "chat_core") to put on PYTHONPATH from the runfiles; the
     environment itself is the one ./bazelw built and linked at .venvs/<env>, so the target is tagged to run every
-    time, and the env server still runs with the dev environment's interpreter.
+    time, and alone (each tier starts several servers on a small machine); the env server still runs with the dev
+    environment's interpreter.
     """
     native.sh_test(
         name = name,
@@ -40,7 +41,7 @@ def env_pytest(name, env, srcs, packages, data = [], **kwargs):
         args = _env_command(env, packages) + ["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE"] +
                ["$(rootpath %s)" % src for src in srcs],
         data = srcs + data + _env_data(packages),
-        tags = ["external"],
+        tags = ["external", "exclusive"],
         **kwargs
     )
 

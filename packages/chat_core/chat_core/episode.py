@@ -85,6 +85,10 @@ class Flag:
     def fatal(self) -> bool:
         return self.kind in FATAL
 
+    def as_dict(self) -> dict[str, Any]:
+        """The flag as plain JSON data, the shape trainers keep in a sample's metadata."""
+        return {"kind": str(self.kind), "message": self.message, "fatal": self.fatal}
+
 
 @dataclass(frozen=True)
 class ChatEndpoint:
@@ -161,9 +165,7 @@ class EpisodeResult:
                 "server": self.episode.server_url,
                 "reward": self.reward,
                 "scored": self.scored,
-                "flags": [
-                    {"kind": str(flag.kind), "message": flag.message, "fatal": flag.fatal} for flag in self.flags
-                ],
+                "flags": [flag.as_dict() for flag in self.flags],
                 "turns": [asdict(turn) for turn in self.turns],
                 "timings": asdict(self.timings),
                 "transcript": self.transcript,

@@ -9,11 +9,12 @@ qwen25`` (the parser that fits the model). It imports slime, so it runs in slime
 """
 
 from slime_helper.adapter import AdapterService, TemplateKwargsTokenizer
-from slime_helper.errors import MissingToolParser, SlimeSetupError, UnsupportedSlime
+from slime_helper.errors import MissingFilter, MissingToolParser, SlimeSetupError, UnsupportedSlime
 from slime_helper.generate import generate, keep_scored_groups
 
 __all__ = [
     "AdapterService",
+    "MissingFilter",
     "MissingToolParser",
     "SlimeSetupError",
     "TemplateKwargsTokenizer",

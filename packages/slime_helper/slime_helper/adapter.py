@@ -17,12 +17,13 @@ from typing import Any, ClassVar
 from chat_core import ChatEndpoint
 
 from slime_helper._slime import slime
-from slime_helper.errors import MissingToolParser
+from slime_helper.errors import MissingFilter, MissingToolParser
 
 
 class AdapterService:
     """slime's ``OpenAIAdapter`` for this process, listening on ``chat_url``. Raises MissingToolParser when slime
-    was launched without ``--sglang-tool-call-parser``, and UnsupportedSlime when slime lacks what it uses."""
+    was launched without ``--sglang-tool-call-parser``, MissingFilter when it was launched without
+    ``--dynamic-sampling-filter-path``, and UnsupportedSlime when slime lacks what it uses."""
 
     _current: ClassVar[AdapterService | None] = None
 
@@ -33,6 +34,12 @@ class AdapterService:
                 "slime_helper needs slime's --sglang-tool-call-parser, the SGLang parser that reads the model's "
                 "tool calls (e.g. --sglang-tool-call-parser qwen25 for Qwen models); without one every tool call "
                 "would reach the env as plain text and every episode would score 0"
+            )
+        if not getattr(args, "dynamic_sampling_filter_path", None):
+            raise MissingFilter(
+                "slime_helper needs slime's --dynamic-sampling-filter-path slime_helper.generate.keep_scored_groups "
+                "(or a filter of yours that calls it): an episode the env or the model failed carries reward 0.0 "
+                "for slime's sake, and only that filter keeps it out of training"
             )
         api = slime()
         tokenizer = api.load_tokenizer(args.hf_checkpoint, trust_remote_code=True)

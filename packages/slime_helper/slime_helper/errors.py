@@ -11,3 +11,7 @@ class UnsupportedSlime(SlimeSetupError):
 
 class MissingToolParser(SlimeSetupError):
     """slime was launched without ``--sglang-tool-call-parser``, so the adapter would read no tool call."""
+
+
+class MissingFilter(SlimeSetupError):
+    """slime was launched without ``--dynamic-sampling-filter-path``, so an unscored episode would train as 0."""

@@ -50,9 +50,10 @@ async def generate(args: Namespace, sample: Any, sampling_params: dict[str, Any]
     ``remove_sample``. In an eval (``evaluation=True``) the session is dropped and the episode comes back as one
     sample holding its reward with nothing to train, since slime's eval averages over samples.
 
-    Raises MissingToolParser without ``--sglang-tool-call-parser``, UnsupportedSlime when slime lacks what the
-    helper uses, and ValueError when the sample's metadata isn't a row's. When cancelled, drops the session, closes
-    the episode without running its verifiers and re-raises."""
+    Raises MissingToolParser without ``--sglang-tool-call-parser``, MissingFilter without
+    ``--dynamic-sampling-filter-path``, UnsupportedSlime when slime lacks what the helper uses, and ValueError when
+    the sample's metadata isn't a row's. When cancelled, drops the session, closes the episode without running its
+    verifiers and re-raises."""
     api = slime()
     service = AdapterService.of(args)
     sid = f"slime-helper-{uuid.uuid4().hex}"
@@ -119,7 +120,7 @@ def _metadata(sample: Any, result: EpisodeResult) -> dict[str, Any]:
         **(sample.metadata or {}),
         "reward": result.reward,
         "scored": result.scored,
-        "flags": [{"kind": str(flag.kind), "message": flag.message, "fatal": flag.fatal} for flag in result.flags],
+        "flags": [flag.as_dict() for flag in result.flags],
     }
 
 

@@ -1,0 +1,190 @@
+"""``miles_helper.agent.run`` through Miles' own agentic rollout: Miles' parse_args, its session server (v1 and v2),
+``InferenceRolloutFn`` → ``agentic_tool_call.generate`` → our agent → the real env server, then Miles' reward step
+and dynamic filter with ``miles_helper.reward`` and ``miles_helper.keep_scored_groups``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import miles_hooks
+import pytest
+from miles.utils.types import Sample
+from miles_helper.agent import abort, run
+from test_support import delay, text, tool_call
+
+VERSIONS = ["v1", "v2"]
+HELD_S = 60.0
+
+
+def _episodes(group: list[Any]) -> list[list[Sample]]:
+    """A group's episodes, each as its samples: one under v1, one per leaf under v2."""
+    return [member if isinstance(member, list) else [member] for member in group]
+
+
+def _spans(miles: Any, sample: Sample) -> tuple[list[str], list[str]]:
+    """The response's trained and masked stretches, decoded, in order."""
+    response = sample.tokens[len(sample.tokens) - sample.response_length :]
+    assert len(sample.loss_mask) == len(response) == len(sample.rollout_log_probs)
+    spans: dict[int, list[str]] = {0: [], 1: []}
+    start = 0
+    for end in range(1, len(response) + 1):
+        if end == len(response) or sample.loss_mask[end] != sample.loss_mask[start]:
+            spans[sample.loss_mask[start]].append(miles.decode(response[start:end]))
+            start = end
+    return spans[1], spans[0]
+
+
+def _only_sample(miles: Any, output: Any, task: str) -> list[Sample]:
+    """The samples of the one group ``output`` kept, which must be ``task``'s."""
+    (group,) = output.samples
+    episodes = _episodes(group)
+    assert {miles.task_of(sample) for samples in episodes for sample in samples} == {task}
+    return [sample for samples in episodes for sample in samples]
+
+
+def _dropped(task: str) -> list[Sample]:
+    """The samples of ``task`` in the groups the rollout finished, the dropped ones included."""
+    return [
+        sample
+        for group in miles_hooks.recorded_groups
+        for samples in _episodes(group)
+        for sample in samples
+        if sample.metadata["episode"]["task_name"] == task
+    ]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_played_row_trains_the_models_tokens_and_masks_the_tool_output(miles, version):
+    args = miles.args(["played"], version=version, extra=["--n-samples-per-prompt", "2"])
+    assert args.rollout_function_path == "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"
+    output = miles.rollout(args)
+
+    samples = _only_sample(miles, output, "played")
+    assert len(samples) == 2
+    for sample in samples:
+        assert sample.status == Sample.Status.COMPLETED
+        assert sample.reward == 1.0
+        assert sample.metadata["episode_reward"] == 1.0
+        assert sample.metadata["episode_flags"] == []
+        assert sample.metadata["tito_session_mismatch"] == []
+        trained, masked = _spans(miles, sample)
+        assert trained == [
+            '<tool_call>\n{"name": "find_crate", "arguments": {"name": "pears"}}\n</tool_call><|im_end|>',
+            "The crate of pears is on shelf 9C.<|im_end|>",
+        ]
+        assert len(masked) == 1
+        assert "<tool_response>\nThe crate 'pears' is on shelf 9C.\n</tool_response>" in masked[0]
+    requests = miles.chat.requests_for(miles.prompt("played"))
+    assert len(requests) == 4
+    assert all(request["top_k"] == 20 and request["model"] == "default" for request in requests)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_two_turn_episode_trains_both_replies(miles, version):
+    output = miles.rollout(miles.args(["two_turns"], version=version))
+
+    (sample,) = _only_sample(miles, output, "two_turns")
+    assert sample.reward == 1.0
+    trained, masked = _spans(miles, sample)
+    assert trained == ["Welcome to the warehouse!<|im_end|>", "Goodbye, and thank you!<|im_end|>"]
+    assert "<|im_start|>user\nTheir shift is over. Say goodbye to them.<|im_end|>" in masked[0]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_an_env_failure_is_flagged_and_its_group_left_out(miles, version):
+    output = miles.rollout(miles.args(["fails_after_the_turn", "played"], version=version))
+
+    (kept,) = _only_sample(miles, output, "played")
+    assert kept.reward == 1.0
+    assert output.metrics == {"rollout/dynamic_filter/drop_env_failed": 1}
+    (failed,) = _dropped("fails_after_the_turn")
+    assert failed.reward is None
+    assert failed.metadata["episode_reward"] is None
+    (flag,) = failed.metadata["episode_flags"]
+    assert flag["kind"] == "env_failed"
+    assert flag["fatal"] is True
+
+
+def test_a_model_past_its_deadline_is_flagged_and_left_out(miles):
+    miles.chat.script(
+        miles.prompt("played"), [tool_call("find_crate", {"name": "pears"}), delay(HELD_S, text("Shelf 9C."))]
+    )
+    args = miles.args(["played", "reply_only"], extra=["--custom-agent-function-path", "miles_hooks.run_with_deadline"])
+
+    began = time.monotonic()
+    output = miles.rollout(args)
+
+    assert time.monotonic() - began < HELD_S / 2
+    (kept,) = _only_sample(miles, output, "reply_only")
+    assert kept.reward == 1.0
+    assert output.metrics == {"rollout/dynamic_filter/drop_model_deadline": 1}
+    (late,) = _dropped("played")
+    assert late.reward is None
+    (flag,) = late.metadata["episode_flags"]
+    assert flag["kind"] == "model_deadline"
+    assert f"model_deadline_s={miles_hooks.MODEL_DEADLINE_S}" in flag["message"]
+    trained, _ = _spans(miles, late)
+    assert trained == ['<tool_call>\n{"name": "find_crate", "arguments": {"name": "pears"}}\n</tool_call><|im_end|>']
+
+
+def test_an_aborted_rollout_closes_the_episodes_still_playing(miles, env_server):
+    miles.chat.script(miles.prompt("reply_only"), [delay(HELD_S, text("A banana."))])
+    args = miles.args(["played", "reply_only"], extra=["--over-sampling-batch-size", "2"])
+
+    began = time.monotonic()
+    output = miles.rollout(args)
+
+    assert time.monotonic() - began < HELD_S / 2
+    _only_sample(miles, output, "played")
+    assert miles.chat.aborts == 1
+    assert len(miles.chat.requests_for(miles.prompt("reply_only"))) == 1
+    env_server.wait_until_closed(timeout=5)
+
+
+def _play(miles: Any, task: str) -> asyncio.Task[dict[str, Any]]:
+    return asyncio.create_task(
+        run(
+            base_url=miles.chat.url,
+            prompt=miles.rows[task]["messages"],
+            request_kwargs={},
+            metadata=miles.rows[task]["metadata"],
+        )
+    )
+
+
+async def _until_asked(miles: Any, task: str) -> None:
+    while not miles.chat.requests_for(miles.prompt(task)):
+        await asyncio.sleep(0.05)
+
+
+def test_abort_returns_the_episodes_it_cut_short_flagged(miles, env_server):
+    miles.chat.script(miles.prompt("reply_only"), [delay(HELD_S, text("A banana."))])
+
+    async def scenario() -> dict[str, Any]:
+        playing = _play(miles, "reply_only")
+        await _until_asked(miles, "reply_only")
+        await abort(None)
+        return await playing
+
+    outcome = asyncio.run(scenario())
+
+    assert outcome["episode_reward"] is None
+    (flag,) = outcome["episode_flags"]
+    assert (flag["kind"], flag["fatal"]) == ("rollout_aborted", True)
+    env_server.wait_until_closed(timeout=5)
+
+
+def test_an_agent_cancelled_by_miles_closes_its_episode_and_stays_cancelled(miles, env_server):
+    miles.chat.script(miles.prompt("reply_only"), [delay(HELD_S, text("A banana."))])
+
+    async def scenario() -> None:
+        playing = _play(miles, "reply_only")
+        await _until_asked(miles, "reply_only")
+        playing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await playing
+
+    asyncio.run(scenario())
+    env_server.wait_until_closed(timeout=5)

@@ -1,0 +1,25 @@
+"""Functions the Miles tier names in Miles' launch flags, so Miles loads them by their import path as it would a
+user's: an agent with a short model deadline (beside the abort hook Miles looks for next to it) and a
+``--rollout-all-samples-process-path`` that keeps the groups the dynamic filter dropped, for a test to read."""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from typing import Any
+
+from chat_core import Limits
+from miles_helper.agent import abort, make_agent
+
+MODEL_DEADLINE_S = 5.0
+
+run_with_deadline = make_agent(Limits(model_deadline_s=MODEL_DEADLINE_S))
+
+recorded_groups: list[list[Any]] = []
+
+
+def record_all_samples(args: Namespace, all_samples: list[list[Any]], data_source: Any) -> None:
+    """Keep every group the rollout finished, those the filter dropped included."""
+    recorded_groups.extend(all_samples)
+
+
+__all__ = ["abort", "record_all_samples", "recorded_groups", "run_with_deadline"]
