@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from .loopback import LoopbackServer, Received
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -139,7 +140,7 @@ class _State:
     unscripted: list[Request] = field(default_factory=list)
 
 
-class ScriptedModel:
+class ScriptedModel(LoopbackServer):
     """The scripted model, listening on a free loopback port from construction until ``close()``; use it as a
     context manager. Its ``base_url`` is what an OpenAI client takes."""
 
@@ -148,26 +149,7 @@ class ScriptedModel:
         self._lock = threading.Lock()
         self._state = _State()
         self._ids = itertools.count(1)
-        self._server = _Server(("127.0.0.1", 0), _handler(self))
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="scripted-model", daemon=True
-        )
-        self._thread.start()
-
-    def __enter__(self) -> ScriptedModel:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        super().__init__(name="scripted-model")
 
     @property
     def base_url(self) -> str:
@@ -198,6 +180,22 @@ class ScriptedModel:
         """The requests that found their session's script used up, each answered with a 500."""
         with self._lock:
             return list(self._state.unscripted)
+
+    def respond(self, received: Received) -> tuple[int, Any]:
+        if received.method != "POST" or received.route != CHAT_PATH:
+            return HTTPStatus.NOT_FOUND, _error_body(f"the scripted model serves only POST {CHAT_PATH}")
+        body = received.body
+        request = Request(self._session_of(received.headers, body), received.path, received.headers, body)
+        if not isinstance(body, dict):
+            self._record(request)
+            return HTTPStatus.BAD_REQUEST, _error_body("the request body is not a JSON object")
+        if body.get("stream"):
+            self._record(request)
+            return HTTPStatus.BAD_REQUEST, _error_body("the scripted model doesn't stream")
+        if (step := self._take(request)) is None:
+            message = f"the script of session {request.session!r} is used up"
+            return HTTPStatus.INTERNAL_SERVER_ERROR, _error_body(message, "script_used_up")
+        return answer(step, lambda reply: self._completion(reply, body), sleep=self.sleep)
 
     def _record(self, request: Request) -> None:
         with self._lock:
@@ -239,69 +237,18 @@ class ScriptedModel:
         }
 
 
-class _Server(ThreadingHTTPServer):
-    """A thread per request, and a listen queue long enough for a benchmark's episodes all asking at once."""
-
-    daemon_threads = True
-    request_queue_size = 128
-
-
-def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if self.path.split("?")[0] != CHAT_PATH:
-                self._send(HTTPStatus.NOT_FOUND, _error_body(f"the scripted model serves only POST {CHAT_PATH}"))
-                return
-            try:
-                body = json.loads(raw)
-            except ValueError:
-                body = None
-            headers = {name.lower(): value for name, value in self.headers.items()}
-            request = Request(model._session_of(headers, body), self.path, headers, body)
-            if not isinstance(body, dict):
-                model._record(request)
-                self._send(HTTPStatus.BAD_REQUEST, _error_body("the request body is not a JSON object"))
-            elif body.get("stream"):
-                model._record(request)
-                self._send(HTTPStatus.BAD_REQUEST, _error_body("the scripted model doesn't stream"))
-            elif (step := model._take(request)) is None:
-                self._send(
-                    HTTPStatus.INTERNAL_SERVER_ERROR,
-                    _error_body(f"the script of session {request.session!r} is used up", "script_used_up"),
-                )
-            else:
-                self._answer(step, body)
-
-        def _answer(self, step: Step, body: dict[str, Any]) -> None:
-            while isinstance(step, Delay):
-                time.sleep(step.seconds)
-                step = step.then
-            if isinstance(step, Reply):
-                self._send(HTTPStatus.OK, json.dumps(model._completion(step, body)))
-            elif isinstance(step, Error):
-                self._send(step.status, step.body if isinstance(step.body, str) else json.dumps(step.body))
-            else:
-                self._send(HTTPStatus.OK, step.body)
-
-        def _send(self, status: int, payload: str) -> None:
-            data = payload.encode()
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-            except ConnectionError:
-                self.close_connection = True
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    return Handler
+def answer(step: Step, reply: Callable[[Reply], Any], *, sleep: Callable[[float], object]) -> tuple[int, Any]:
+    """The status and payload answering ``step``, once ``sleep`` has waited out its delays: ``reply``'s rendering of a
+    reply, an error's status and body, or a broken body with 200. Every stand-in model walks its steps with it."""
+    while isinstance(step, Delay):
+        sleep(step.seconds)
+        step = step.then
+    if isinstance(step, Reply):
+        return HTTPStatus.OK, reply(step)
+    if isinstance(step, Error):
+        return step.status, step.body
+    return HTTPStatus.OK, step.body
 
 
-def _error_body(message: str, kind: str = "invalid_request_error") -> str:
-    return json.dumps({"error": {"message": message, "type": kind}})
+def _error_body(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind}}
