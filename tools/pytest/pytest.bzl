@@ -27,13 +27,14 @@ def _env_command(env, packages):
 def _env_data(packages):
     return ["@python_venv//:paths.sh"] + ["//packages/%s" % package for package in packages]
 
-def env_pytest(name, env, srcs, packages, data = [], **kwargs):
+def env_pytest(name, env, srcs, packages, data = [], test_env = {}, **kwargs):
     """An sh_test that runs pytest on `srcs` inside trainer environment `env` (slime or miles).
 
     `packages` names the project's packages (e.g. "chat_core") to put on PYTHONPATH from the runfiles; the
     environment itself is the one ./bazelw built and linked at .venvs/<env>, so the target is tagged to run every
     time, and alone (each tier starts several servers on a small machine); the env server still runs with the dev
-    environment's interpreter.
+    environment's interpreter. `test_env` sets environment variables for the test, with $(rootpaths …) of `data`
+    expanded.
     """
     native.sh_test(
         name = name,
@@ -41,6 +42,7 @@ def env_pytest(name, env, srcs, packages, data = [], **kwargs):
         args = _env_command(env, packages) + ["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE"] +
                ["$(rootpath %s)" % src for src in srcs],
         data = srcs + data + _env_data(packages),
+        env = test_env,
         tags = ["external", "exclusive"],
         **kwargs
     )

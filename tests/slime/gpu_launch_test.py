@@ -1,0 +1,87 @@
+"""The slime GPU run's command line (``tests/gpu/launches.py``) parsed on CPU by slime's own ``parse_args``, as its
+``train.py`` parses it, against a weightless Qwen3-4B checkpoint, with every function it names resolved by slime's
+own loader: what a GPU box would refuse at start-up, or after minutes of loading the model, fails here instead."""
+
+from __future__ import annotations
+
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+from launch import parse_slime_args
+from slime.utils.misc import load_function
+from slime_helper.generate import episode_limits, generate, keep_scored_groups
+from test_support.checkpoint import weightless_checkpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+
+from launches import (
+    MAX_TURNS,
+    QWEN3_4B_CONFIG,
+    TRAIN_SPLIT,
+    Run,
+    function_paths,
+    slime_args,
+    write_slime_config,
+)
+
+EVAL = "happy"
+GPUS = 4
+
+
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Namespace]:
+    """The launch's arguments for a 4-GPU run whose rows hold a training split and one eval, and slime's parse."""
+    folder = tmp_path_factory.mktemp("slime-gpu-run")
+    run = Run(model=weightless_checkpoint(folder / "Qwen3-4B", QWEN3_4B_CONFIG), folder=folder, gpus=GPUS)
+    run.rows.mkdir()
+    for split in (TRAIN_SPLIT, EVAL):
+        (run.rows / f"{split}.jsonl").write_text("")
+    write_slime_config(run)
+    argv = slime_args(run)
+    return argv, parse_slime_args(["train.py", *argv])
+
+
+def test_slime_takes_the_reference_grpo_settings(launch):
+    _, args = launch
+
+    assert (args.rollout_batch_size, args.n_samples_per_prompt, args.global_batch_size) == (4, 8, 32)
+    assert args.rollout_temperature == 1.1
+    assert args.apply_chat_template_kwargs == {"enable_thinking": False}
+    assert (args.lr, args.lr_decay_style) == (1e-6, "constant")
+    assert args.advantage_estimator == "grpo" and not args.use_kl_loss
+    assert args.sglang_tool_call_parser == "qwen25"
+    assert args.colocate and args.max_tokens_per_gpu == 4096 and args.use_dynamic_batch_size
+    assert (args.actor_num_gpus_per_node, args.rollout_num_gpus) == (GPUS, GPUS)
+
+
+def test_the_sft_checkpoint_loads_from_its_hugging_face_folder(launch):
+    _, args = launch
+
+    assert args.load == args.hf_checkpoint
+    assert args.ref_load is None
+
+
+def test_each_eval_split_is_evaluated_once_per_task_every_n_steps(launch):
+    _, args = launch
+
+    assert [dataset.name for dataset in args.eval_datasets] == [EVAL]
+    assert args.eval_datasets[0].n_samples_per_eval_prompt == 1
+    assert args.eval_interval == Run.eval_every
+
+
+def test_an_episode_plays_at_most_max_turns(launch):
+    _, args = launch
+
+    assert episode_limits(args).max_turns == MAX_TURNS
+
+
+def test_slimes_loader_resolves_every_function_the_launch_names(launch):
+    argv, args = launch
+    paths = function_paths(argv)
+
+    assert {flag: getattr(args, flag[2:].replace("-", "_")) for flag in paths} == paths
+    assert all(callable(load_function(path)) for path in paths.values())
+    assert load_function(paths["--custom-generate-function-path"]) is generate
+    assert load_function(paths["--dynamic-sampling-filter-path"]) is keep_scored_groups
