@@ -2,6 +2,9 @@
 
 load("@rules_python//python:defs.bzl", "py_test")
 
+# The dev environment is synced from uv.lock outside Bazel's view; naming the lock makes a test rerun when it changes.
+_DEV_ENV = ["//:uv.lock"]
+
 def py_pytest(name, srcs, deps = [], data = [], **kwargs):
     """A py_test that runs pytest on `srcs` with the dev environment's interpreter."""
     py_test(
@@ -10,7 +13,7 @@ def py_pytest(name, srcs, deps = [], data = [], **kwargs):
         main = "//tools/pytest:pytest_main.py",
         args = ["$(rootpath %s)" % src for src in srcs],
         deps = deps,
-        data = data,
+        data = data + _DEV_ENV,
         python_version = "PY3",
         **kwargs
     )
@@ -25,14 +28,18 @@ def _env_command(env, packages):
     ]
 
 def _env_data(packages):
-    return ["@python_venv//:paths.sh"] + ["//packages/%s" % package for package in packages]
+    """What a trainer-environment target reads: the environment is built from the specs and pins (so naming them
+    makes a cached result stale exactly when the environment would be rebuilt), and the env server runs in the dev
+    environment."""
+    return (["@python_venv//:paths.sh", "//tools/envs:specs", "//third_party:pins_lib"] + _DEV_ENV +
+            ["//packages/%s" % package for package in packages])
 
 def env_pytest(name, env, srcs, packages, data = [], test_env = {}, **kwargs):
     """An sh_test that runs pytest on `srcs` inside trainer environment `env` (slime or miles).
 
     `packages` names the project's packages (e.g. "chat_core") to put on PYTHONPATH from the runfiles; the
-    environment itself is the one ./bazelw built and linked at .venvs/<env>, so the target is tagged to run every
-    time, and alone (each tier starts several servers on a small machine); the env server still runs with the dev
+    environment itself is the one ./bazelw built from the specs and pins and linked at .venvs/<env>. The target runs
+    alone (each tier starts several servers on a small machine); the env server still runs with the dev
     environment's interpreter. `test_env` sets environment variables for the test, with $(rootpaths …) of `data`
     expanded.
     """
@@ -43,7 +50,7 @@ def env_pytest(name, env, srcs, packages, data = [], test_env = {}, **kwargs):
                ["$(rootpath %s)" % src for src in srcs],
         data = srcs + data + _env_data(packages),
         env = test_env,
-        tags = ["external", "exclusive"],
+        tags = ["exclusive"],
         **kwargs
     )
 
