@@ -36,28 +36,8 @@ QWEN3_4B = [
     "--norm-epsilon", "1e-6", "--rotary-base", "1000000", "--vocab-size", "151936", "--kv-channels", "128",
     "--qk-layernorm",
 ]  # fmt: skip
-QWEN3_4B_CONFIG = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 2560,
-    "intermediate_size": 9728,
-    "num_hidden_layers": 36,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-06,
-    "rope_theta": 1000000,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "transformers_version": "4.51.0",
-}
-"""Qwen3-4B's ``config.json``, which the ``QWEN3_4B`` flags describe: what the CPU check's weightless checkpoint
-holds."""
+"""Qwen3-4B's shape as Megatron's model flags. slime checks them against the checkpoint's ``config.json``; the CPU
+checks' weightless checkpoint holds ``test_support.checkpoint.QWEN3_4B``."""
 
 THINKING_OFF = '{"enable_thinking": false}'
 

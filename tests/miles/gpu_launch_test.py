@@ -14,11 +14,11 @@ import miles_helper
 import pytest
 from miles.utils.arguments import parse_args
 from miles.utils.misc import load_function
-from test_support.checkpoint import weightless_checkpoint
+from test_support.gpu_launch import check_evals, check_functions, ready_to_parse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
 
-from launches import MILES_AGENT, QWEN3_4B_CONFIG, TRAIN_SPLIT, Run, function_paths, miles_args
+from launches import MILES_AGENT, TRAIN_SPLIT, Run, function_paths, miles_args
 
 EVAL = "happy"
 GPUS = 4
@@ -28,10 +28,8 @@ GPUS = 4
 def launch(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Namespace]:
     """The launch's arguments for a 4-GPU run whose rows hold a training split and one eval, and Miles' parse."""
     folder = tmp_path_factory.mktemp("miles-gpu-run")
-    run = Run(model=weightless_checkpoint(folder / "Qwen3-4B", QWEN3_4B_CONFIG), folder=folder, gpus=GPUS)
-    run.rows.mkdir()
-    for split in (TRAIN_SPLIT, EVAL):
-        (run.rows / f"{split}.jsonl").write_text("")
+    run = Run(model=folder / "Qwen3-4B", folder=folder, gpus=GPUS)
+    ready_to_parse(run.model, run.rows, [TRAIN_SPLIT, EVAL])
     argv = miles_args(run)
     with patch("sys.argv", ["train.py", *argv]):
         return argv, parse_args()
@@ -54,17 +52,14 @@ def test_miles_takes_the_reference_grpo_settings(launch):
 def test_each_eval_split_is_evaluated_once_per_task_every_n_steps(launch):
     _, args = launch
 
-    assert [dataset.name for dataset in args.eval_datasets] == [EVAL]
-    assert args.eval_datasets[0].n_samples_per_eval_prompt == 1
-    assert args.eval_interval == Run.eval_every
+    check_evals(args, [EVAL], Run.eval_every)
 
 
 def test_miles_loader_resolves_every_function_the_launch_names_and_the_agents_abort_hook(launch):
     argv, args = launch
     paths = function_paths(argv)
 
-    assert {flag: getattr(args, flag[2:].replace("-", "_")) for flag in paths} == paths
-    assert all(callable(load_function(path)) for path in paths.values())
+    check_functions(args, paths, load_function)
     assert load_function(paths["--custom-rm-path"]) is miles_helper.reward
     assert load_function(paths["--dynamic-sampling-filter-path"]) is miles_helper.keep_scored_groups
     assert paths["--custom-agent-function-path"] == MILES_AGENT

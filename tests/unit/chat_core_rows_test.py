@@ -17,7 +17,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import pytest
 from chat_core import EpisodeRef, OpenEnvServer, ServerError
 from chat_core.prepare import main
 from test_support import SAMPLE_ENV, ServedBundle
+from test_support.loopback import LoopbackServer, Received
 
 pytest_plugins = ["test_support.pytest_plugin"]
 
@@ -189,8 +190,8 @@ def test_a_server_that_isnt_openenv_is_refused(tmp_path: Path, capsys) -> None:
 
 def test_a_server_with_no_task_is_refused(tmp_path: Path, capsys) -> None:
     # build_app refuses a bundle that serves no task, so a stand-in Task API with empty splits plays that server.
-    with _serving(_task_api(tasks=[])) as url:
-        code, err = _prepare(url, tmp_path / "rows", capsys)
+    with _TaskApi(tasks=[]) as server:
+        code, err = _prepare(server.url, tmp_path / "rows", capsys)
 
     assert code == 1
     assert "serves no task" in err
@@ -200,8 +201,8 @@ def test_a_server_with_no_task_is_refused(tmp_path: Path, capsys) -> None:
 def test_a_failure_after_the_task_api_leaves_nothing(tmp_path: Path, capsys) -> None:
     # The stand-in lists a task but takes no WebSocket session, so the tools can't be probed after the listing.
     task = {"id": "@local/stub/one", "name": "one", "index": 0, "prompt": "Hi.", "system_prompt": None}
-    with _serving(_task_api(tasks=[task])) as url:
-        code, err = _prepare(url, tmp_path / "rows", capsys)
+    with _TaskApi(tasks=[task]) as server:
+        code, err = _prepare(server.url, tmp_path / "rows", capsys)
 
     assert code == 1
     assert "/ws" in err
@@ -230,30 +231,20 @@ def test_chat_core_loads_nothing_of_the_server() -> None:
     assert {"chat_core", "httpx", "websockets", "tqdm"} <= roots
 
 
-def _task_api(tasks: list[dict[str, Any]]) -> type[BaseHTTPRequestHandler]:
+class _TaskApi(LoopbackServer):
     """A stand-in for an OpenEnv server's Task API, serving ``tasks`` as its only split, ``all``."""
 
-    class TaskApi(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            answers = {"/list_environments": ["stub"], "/stub/splits": [{"name": "all", "type": "validation"}]}
-            self._send(answers.get(self.path))
+    def __init__(self, tasks: list[dict[str, Any]]):
+        self._answers = {
+            ("GET", "/list_environments"): ["stub"],
+            ("GET", "/stub/splits"): [{"name": "all", "type": "validation"}],
+            ("POST", "/stub/tasks"): {"tasks": tasks, "env_name": "stub"},
+        }
+        super().__init__(name="task-api")
 
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self._send({"tasks": tasks, "env_name": "stub"} if self.path == "/stub/tasks" else None)
-
-        def _send(self, answer: Any) -> None:
-            data = json.dumps(answer if answer is not None else {"detail": "Not Found"}).encode()
-            self.send_response(200 if answer is not None else 404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    return TaskApi
+    def respond(self, received: Received) -> tuple[int, Any]:
+        answer = self._answers.get((received.method, received.path))
+        return (404, {"detail": "Not Found"}) if answer is None else (200, answer)
 
 
 @contextlib.contextmanager

