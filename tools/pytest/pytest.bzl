@@ -54,6 +54,42 @@ def env_pytest(name, env, srcs, packages, data = [], test_env = {}, **kwargs):
         **kwargs
     )
 
+def trainer_tier(env, packages, support, launch_support = []):
+    """The three test targets of trainer `env`'s tier, each run in its environment:
+
+    - `<env>_test`: every `*_test.py` but the two below, with `support` (conftest and stand-ins) beside them;
+    - `gpu_launch_test`: the GPU run's launch (//tests/gpu) parsed by the trainer's own parse_args, with
+      `launch_support`;
+    - `wheels_test`: the wheels installed into a copy of the environment, and the GPU command run from them up to its
+      Ray job (the wheels' paths in WHEELS).
+    """
+    own = ["gpu_launch_test.py", "wheels_test.py"]
+    env_pytest(
+        name = "%s_test" % env,
+        size = "large",
+        srcs = native.glob(["*_test.py"], exclude = own),
+        data = support,
+        env = env,
+        packages = packages,
+    )
+    env_pytest(
+        name = "gpu_launch_test",
+        size = "large",
+        srcs = ["gpu_launch_test.py"],
+        data = launch_support + ["//tests/gpu:launches"],
+        env = env,
+        packages = packages,
+    )
+    env_pytest(
+        name = "wheels_test",
+        size = "large",
+        srcs = ["wheels_test.py"],
+        data = ["//packages:wheels", "//tests/gpu:launches"],
+        env = env,
+        packages = ["test_support"],
+        test_env = {"WHEELS": "$(rootpaths //packages:wheels)"},
+    )
+
 def env_binary(name, env, main, packages, data = [], **kwargs):
     """An sh_binary that runs the Python script `main` inside trainer environment `env`, for `bazel run`."""
     native.sh_binary(
