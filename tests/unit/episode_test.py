@@ -456,7 +456,7 @@ def test_an_env_server_breaking_the_protocol_is_flagged(scripted_model: Scripted
     assert says in result.flags[0].message
 
 
-def test_a_row_that_isnt_prepares_is_refused_up_front() -> None:
+def test_metadata_prepare_didnt_write_is_refused_up_front() -> None:
     chat = ChatEndpoint("http://127.0.0.1:1/v1/chat/completions", "policy")
 
     with pytest.raises(ValueError, match="isn't a row written by"):
