@@ -470,21 +470,3 @@ def _described(error: BaseException) -> str:
 def _excerpt(value: Any, limit: int = 200) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return repr(text[:limit] + "…") if len(text) > limit else repr(text)
-
-
-__all__ = [
-    "CapacityExhausted",
-    "CapacityWait",
-    "EpisodeProtocolError",
-    "EpisodeSession",
-    "InvalidServerUrl",
-    "NotAnOpenEnvServer",
-    "Observation",
-    "OpenEnvError",
-    "OpenEnvServer",
-    "ServerError",
-    "ServerUnreachable",
-    "TaskInfo",
-    "Tool",
-    "server_url",
-]
