@@ -73,7 +73,8 @@ def eval_splits(rows: Path) -> list[str]:
 
 
 def slime_args(run: Run) -> list[str]:
-    """The arguments of slime's ``train.py`` for ``run``, its generate function and filter ``slime_helper``'s. The
+    """The arguments of slime's ``train.py`` for ``run``, its generate function, filter and per-episode reward
+    normalisation ``slime_helper``'s. The
     episode bounds file they name is ``write_slime_config``'s."""
     return [
         *QWEN3_4B,
@@ -81,6 +82,7 @@ def slime_args(run: Run) -> list[str]:
         "--load", str(run.model),
         "--custom-generate-function-path", "slime_helper.generate.generate",
         "--dynamic-sampling-filter-path", "slime_helper.generate.keep_scored_groups",
+        "--custom-reward-post-process-path", "slime_helper.rewards.normalize_per_episode",
         "--custom-config-path", str(run.folder / SLIME_CONFIG),
         *_rollout(run),
         "--tensor-model-parallel-size", "1",

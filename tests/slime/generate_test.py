@@ -14,7 +14,7 @@ from slime.rollout.filter_hub.base_types import call_dynamic_filter, should_drop
 from slime.rollout.sglang_rollout import eval_rollout_single_dataset, generate_and_rm_group
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
-from slime_helper import AdapterService, MissingFilter, MissingToolParser
+from slime_helper import AdapterService, MissingEpisodeNormalization, MissingFilter, MissingToolParser
 from test_support import REWARDS, delay, error, text, tool_call
 
 FIND_PEARS = '<tool_call>\n{"name": "find_crate", "arguments": {"name": "pears"}}\n</tool_call><|im_end|>'
@@ -184,3 +184,24 @@ def test_the_adapter_refuses_to_start_without_the_dynamic_filter(launch, sglang,
     with pytest.raises(MissingFilter, match=r"--dynamic-sampling-filter-path slime_helper\.generate\.keep_scored"):
         rollout(args, group_of(args, "played"))
     assert env_server.open_episodes() == 0
+
+
+def test_the_adapter_refuses_to_start_when_slime_would_normalise_over_the_whole_batch(launch, sglang, env_server):
+    args = copy.copy(launch())
+    args.custom_reward_post_process_path = None
+
+    with pytest.raises(
+        MissingEpisodeNormalization, match=r"--custom-reward-post-process-path slime_helper\.rewards\.normalize_per"
+    ):
+        rollout(args, group_of(args, "played"))
+    assert env_server.open_episodes() == 0
+
+
+def test_a_launch_that_leaves_rewards_unnormalised_needs_no_reward_post_processing(launch, sglang):
+    args = copy.copy(launch())
+    args.custom_reward_post_process_path = None
+    args.rewards_normalization = False
+
+    played = rollout(args, group_of(args, "played"))
+
+    assert [sample.reward for samples in played for sample in samples] == [1.0] * args.n_samples_per_prompt

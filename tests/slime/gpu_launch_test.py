@@ -12,6 +12,7 @@ import pytest
 from launch import parse_slime_args
 from slime.utils.misc import load_function
 from slime_helper.generate import episode_limits, generate, keep_scored_groups
+from slime_helper.rewards import normalize_per_episode
 from test_support.gpu_launch import check_evals, check_functions, ready_to_parse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
@@ -72,3 +73,4 @@ def test_slimes_loader_resolves_every_function_the_launch_names(launch):
     check_functions(args, paths, load_function)
     assert load_function(paths["--custom-generate-function-path"]) is generate
     assert load_function(paths["--dynamic-sampling-filter-path"]) is keep_scored_groups
+    assert load_function(paths["--custom-reward-post-process-path"]) is normalize_per_episode

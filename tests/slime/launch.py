@@ -1,5 +1,5 @@
 """slime launched as a user would, for the slime tier and the demo: slime's own ``parse_args`` over a realistic
-command line naming this project's generate function and filter.
+command line naming this project's generate function, filter and reward post-processing.
 
 The model flags are Qwen3-0.6B's, so the ``--hf-checkpoint`` folder is a weightless one holding
 ``test_support.checkpoint.QWEN3_0_6B`` (slime's argument check requires the two to match).
@@ -20,6 +20,7 @@ QWEN3_0_6B_FLAGS = [
 HELPER_FLAGS = [
     "--custom-generate-function-path", "slime_helper.generate.generate",
     "--dynamic-sampling-filter-path", "slime_helper.generate.keep_scored_groups",
+    "--custom-reward-post-process-path", "slime_helper.rewards.normalize_per_episode",
     "--input-key", "messages",
     "--metadata-key", "metadata",
 ]  # fmt: skip

@@ -1,17 +1,22 @@
 """slime launched with this project's hooks: its own ``parse_args`` takes them, its loaders find them, and the
-helper checks the slime it runs on and fits its chat template kwargs to the adapter it finds."""
+helper checks the slime it runs on and carries its chat template kwargs into the adapter."""
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 
 import pins
 import pytest
-from slime.agent import adapters as slime_adapters
 from slime.agent.adapters.common import BaseAdapter
 from slime.utils.misc import load_function
-from slime_helper import AdapterService, TemplateKwargsTokenizer, UnsupportedSlime, generate, keep_scored_groups
+from slime_helper import (
+    AdapterService,
+    TemplateKwargsTokenizer,
+    UnsupportedSlime,
+    generate,
+    keep_scored_groups,
+    normalize_per_episode,
+)
 from slime_helper._slime import SUPPORTED_SLIME, slime
 
 
@@ -32,7 +37,7 @@ def test_slime_parses_a_realistic_launch_naming_the_helper(launch):
     assert args.sglang_tool_call_parser == "qwen25"
     assert args.apply_chat_template_kwargs == {"enable_thinking": False}
     assert "evaluation" in inspect.signature(generate).parameters
-    assert generate.abort_mode == "request"
+    assert load_function(args.custom_reward_post_process_path) is normalize_per_episode
 
 
 def test_the_helper_names_the_pinned_slime_as_the_one_it_works_with():
@@ -56,27 +61,8 @@ def test_a_slime_lacking_what_the_helper_uses_is_refused_naming_it_and_the_pinne
 def test_this_adapter_gets_the_chat_template_kwargs_through_the_tokenizer(launch, fresh_slime_check):
     service = AdapterService.of(launch(thinking=False))
 
-    assert not slime().native_template_kwargs
     assert isinstance(service.adapter.tokenizer, TemplateKwargsTokenizer)
     rendered = service.adapter.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Hello"}], tokenize=False, add_generation_prompt=True
     )
     assert rendered.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-
-
-def test_an_adapter_taking_chat_template_kwargs_per_session_gets_them_there(launch, monkeypatch, fresh_slime_check):
-    opened = {}
-
-    class NativeAdapter(slime_adapters.OpenAIAdapter):
-        def open_session(self, sid, *, sampling_defaults=None, max_context_tokens=0, apply_chat_template_kwargs=None):
-            opened[sid] = apply_chat_template_kwargs
-            super().open_session(sid, sampling_defaults=sampling_defaults, max_context_tokens=max_context_tokens)
-
-    monkeypatch.setattr(slime_adapters, "OpenAIAdapter", NativeAdapter)
-    service = AdapterService.of(launch(thinking=False))
-    service.open_session("native", {"temperature": 0.8})
-
-    assert not isinstance(service.adapter.tokenizer, TemplateKwargsTokenizer)
-    assert opened == {"native": {"enable_thinking": False}}
-    assert service.adapter.store["native"].sampling_defaults == {"temperature": 0.8}
-    asyncio.run(service.adapter.drop_session("native"))

@@ -30,15 +30,13 @@ _SAMPLE_FIELDS = (
 
 @dataclass(frozen=True)
 class Slime:
-    """What the helper calls in slime. ``native_template_kwargs``: whether the adapter's ``open_session`` takes
-    ``apply_chat_template_kwargs`` itself, as newer adapters do."""
+    """What the helper calls in slime."""
 
     OpenAIAdapter: type
     run_app_in_thread: Callable[..., Any]
     load_tokenizer: Callable[..., Any]
     Sample: type
     DynamicFilterOutput: type
-    native_template_kwargs: bool
 
 
 @functools.cache
@@ -87,8 +85,7 @@ def slime() -> Slime:
             + f". slime_helper works with slime at commit {SUPPORTED_SLIME} (github.com/THUDM/slime); install that "
             "commit or one whose agent adapter offers these"
         )
-    native = "apply_chat_template_kwargs" in inspect.signature(adapter.open_session).parameters
-    return Slime(adapter, run_app, load_tokenizer, sample, filter_output, native)
+    return Slime(adapter, run_app, load_tokenizer, sample, filter_output)
 
 
 def _find(module: str, name: str, missing: list[str]) -> Any:

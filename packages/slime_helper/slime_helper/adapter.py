@@ -17,13 +17,15 @@ from typing import Any, ClassVar
 from chat_core import ChatEndpoint
 
 from slime_helper._slime import slime
-from slime_helper.errors import MissingFilter, MissingToolParser
+from slime_helper.errors import MissingEpisodeNormalization, MissingFilter, MissingToolParser
+from slime_helper.rewards import normalizes_per_group
 
 
 class AdapterService:
     """slime's ``OpenAIAdapter`` for this process, listening on ``chat_url``. Raises MissingToolParser when slime
     was launched without ``--sglang-tool-call-parser``, MissingFilter when it was launched without
-    ``--dynamic-sampling-filter-path``, and UnsupportedSlime when slime lacks what it uses."""
+    ``--dynamic-sampling-filter-path``, MissingEpisodeNormalization when it normalises rewards per prompt group
+    without ``--custom-reward-post-process-path``, and UnsupportedSlime when slime lacks what it uses."""
 
     _current: ClassVar[AdapterService | None] = None
 
@@ -41,12 +43,18 @@ class AdapterService:
                 "(or a filter of yours that calls it): an episode the env or the model failed carries reward 0.0 "
                 "for slime's sake, and only that filter keeps it out of training"
             )
+        if normalizes_per_group(args) and not getattr(args, "custom_reward_post_process_path", None):
+            raise MissingEpisodeNormalization(
+                "slime_helper needs slime's --custom-reward-post-process-path slime_helper.rewards."
+                f"normalize_per_episode with --advantage-estimator {args.advantage_estimator} and rewards "
+                "normalisation on: an episode comes back as several samples, and slime's own normalisation would "
+                "then take one group over the whole batch and count a long episode once per sample"
+            )
         api = slime()
         tokenizer = api.load_tokenizer(args.hf_checkpoint, trust_remote_code=True)
-        self._template_kwargs = dict(getattr(args, "apply_chat_template_kwargs", None) or {})
-        self._native_template_kwargs = api.native_template_kwargs
-        if self._template_kwargs and not self._native_template_kwargs:
-            tokenizer = TemplateKwargsTokenizer(tokenizer, self._template_kwargs)
+        template_kwargs = dict(getattr(args, "apply_chat_template_kwargs", None) or {})
+        if template_kwargs:
+            tokenizer = TemplateKwargsTokenizer(tokenizer, template_kwargs)
         self.adapter = api.OpenAIAdapter(
             tokenizer=tokenizer,
             sglang_url=f"http://{args.sglang_router_ip}:{args.sglang_router_port}",
@@ -81,9 +89,8 @@ class AdapterService:
 
     def open_session(self, sid: str, sampling_defaults: Mapping[str, Any]) -> None:
         """Open session ``sid`` on the adapter, whose SGLang requests start from ``sampling_defaults``."""
-        native = {"apply_chat_template_kwargs": self._template_kwargs} if self._native_template_kwargs else {}
         self.adapter.open_session(
-            sid, sampling_defaults=dict(sampling_defaults), max_context_tokens=self._max_context_tokens, **native
+            sid, sampling_defaults=dict(sampling_defaults), max_context_tokens=self._max_context_tokens
         )
 
     def chat(self, sid: str) -> ChatEndpoint:
@@ -93,7 +100,7 @@ class AdapterService:
 
 class TemplateKwargsTokenizer:
     """A tokenizer whose ``apply_chat_template`` always gets ``template_kwargs`` (e.g. ``enable_thinking=False``),
-    for an adapter that renders chats with no per-session template kwargs. Everything else is the wrapped
+    since slime's adapter renders every session's chat with the tokenizer's defaults. Everything else is the wrapped
     tokenizer's."""
 
     def __init__(self, tokenizer: Any, template_kwargs: Mapping[str, Any]):

@@ -80,9 +80,6 @@ async def generate(args: Namespace, sample: Any, sampling_params: dict[str, Any]
         await service.adapter.drop_session(sid)
 
 
-generate.abort_mode = "request"
-
-
 def keep_scored_groups(args: Namespace, samples: list) -> Any:
     """slime's dynamic-sampling filter: leaves out a group holding an episode with no reward to train on, flagged
     by the episode loop (reason ``unscored_episode``) or with no turn recorded (reason ``no_model_turn``), so
