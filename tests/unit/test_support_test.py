@@ -1,6 +1,6 @@
 """test_support against agent-env's real env server: the sample bundle is served whole, the serve fixture counts
 what is held open, each episode's tool server comes and goes with it, the shared scripts earn the rewards they
-promise, and the scripted model answers and records as scripted."""
+promise, the script cursor walks each session's script, and the scripted model answers and records as scripted."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ from test_support import (
     tool_call,
     tool_calls,
 )
+from test_support.loopback import Request
+from test_support.script import ScriptCursor, ScriptUsedUp
 from websockets.asyncio.client import ClientConnection, connect
 
 pytest_plugins = ["test_support.pytest_plugin"]
@@ -234,3 +236,23 @@ def test_each_session_walks_its_own_script(scripted_model: ScriptedModel, chat: 
     assert not scripted_model.unscripted
     scripted_model.script([text("again")], session="special")
     assert chat({"model": "m", "messages": [], "user": "special"}).json()["choices"][0]["message"]["content"] == "again"
+
+
+def test_the_cursor_walks_a_session_step_by_step_or_at_the_position_its_request_gives() -> None:
+    cursor = ScriptCursor(default=lambda request: [text(f"default for {request.path}")])
+    cursor.script("a", [text("one"), text("two")])
+    a = Request("POST", "/a", {}, None, session="a")
+    b = Request("POST", "/b", {}, None, session="b")
+
+    assert [cursor.take(a), cursor.take(b), cursor.take(a)] == [text("one"), text("default for /b"), text("two")]
+    with pytest.raises(ScriptUsedUp, match=r"session 'a' is used up: it has 2 step\(s\), and this .* step 3"):
+        cursor.take(a)
+    assert cursor.take(a, position=0) == text("one")
+    with pytest.raises(ScriptUsedUp):
+        cursor.take(a, position=2)
+    assert cursor.requests == [a, b, a, a, a, a] and cursor.used_up == [a, a]
+
+    cursor.script("a", [text("again")])
+    assert cursor.take(a) == text("again")
+    cursor.clear()
+    assert cursor.requests == [] and cursor.take(a) == text("default for /a")

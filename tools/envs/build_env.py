@@ -1,4 +1,5 @@
-"""Build a trainer's Python environment outside the repository: ``python3.11 tools/envs/build_env.py slime``.
+"""Build a trainer's Python environment outside the repository:
+``PYTHONPATH=third_party python3.11 tools/envs/build_env.py slime``, as ``./bazelw`` does for both trainers.
 
 An environment is a virtualenv in the pins' cache, ``<cache>/envs/<name>-<hash>``, where the hash covers its spec
 (every file in ``tools/envs/<name>/``) and the pins it puts on the path, so a changed spec or pin builds a new one
@@ -16,7 +17,9 @@ goes on the path: Megatron-LM's top-level ``tests`` package would shadow others.
 Miles' recipe copies Miles' ``miles`` and ``miles_plugins`` packages. Its ``fsdp`` backend, the one whose arguments
 the Miles tier parses, needs no Megatron-LM.
 
-Standard library only, so any python3.11 runs it; the virtualenv gets the interpreter that runs it.
+Standard library only, so any python3.11 runs it; the virtualenv gets the interpreter that runs it. It reads the pins
+with ``pins`` from ``third_party``, which whoever runs it puts on ``PYTHONPATH``: ``./bazelw`` here, and Bazel's
+runfiles for the tiers, which check their environment with this module.
 """
 
 from __future__ import annotations
@@ -34,11 +37,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pins
+
 REPO = Path(__file__).resolve().parents[2]
 SPECS = Path(__file__).resolve().parent
-sys.path.insert(0, str(REPO / "third_party"))
-
-import pins  # noqa: E402
 
 DONE_MARKER = ".env-complete"
 

@@ -18,12 +18,17 @@ def py_pytest(name, srcs, deps = [], data = [], **kwargs):
         **kwargs
     )
 
-def _env_command(env, packages):
-    """The run_in_env.sh arguments that come before the Python arguments."""
+# The pins and the environment builder, which test_support.trainer_env (and a tier's own tests) import as `pins` and
+# `build_env`; _env_data brings their files into every trainer-environment target's runfiles.
+_TOOL_DIRS = ["third_party", "tools/envs"]
+
+def _env_command(env, packages, imports):
+    """The run_in_env.sh arguments that come before the Python arguments: the environment, and the runfiles folders
+    put on PYTHONPATH (each package's, the tools', then `imports`)."""
     return [
         env,
         "$(rootpath @python_venv//:paths.sh)",
-        ",".join(["packages/%s" % package for package in packages]),
+        ",".join(["packages/%s" % package for package in packages] + _TOOL_DIRS + imports),
         "--",
     ]
 
@@ -34,10 +39,11 @@ def _env_data(packages):
     return (["@python_venv//:paths.sh", "//tools/envs:specs", "//third_party:pins_lib"] + _DEV_ENV +
             ["//packages/%s" % package for package in packages])
 
-def env_pytest(name, env, srcs, packages, data = [], test_env = {}, **kwargs):
+def env_pytest(name, env, srcs, packages, imports = [], data = [], test_env = {}, **kwargs):
     """An sh_test that runs pytest on `srcs` inside trainer environment `env` (slime or miles).
 
-    `packages` names the project's packages (e.g. "chat_core") to put on PYTHONPATH from the runfiles; the
+    `packages` names the project's packages (e.g. "chat_core") to put on PYTHONPATH from the runfiles, and `imports`
+    other runfiles folders of modules the tests import (e.g. "tests/gpu", whose files `data` must bring); the
     environment itself is the one ./bazelw built from the specs and pins and linked at .venvs/<env>. The target runs
     alone (each tier starts several servers on a small machine); the env server still runs with the dev
     environment's interpreter. `test_env` sets environment variables for the test, with $(rootpaths …) of `data`
@@ -46,7 +52,7 @@ def env_pytest(name, env, srcs, packages, data = [], test_env = {}, **kwargs):
     native.sh_test(
         name = name,
         srcs = ["//tools/pytest:run_in_env.sh"],
-        args = _env_command(env, packages) + ["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE"] +
+        args = _env_command(env, packages, imports) + ["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE"] +
                ["$(rootpath %s)" % src for src in srcs],
         data = srcs + data + _env_data(packages),
         env = test_env,
@@ -58,10 +64,10 @@ def trainer_tier(env, packages, support, launch_support = []):
     """The three test targets of trainer `env`'s tier, each run in its environment:
 
     - `<env>_test`: every `*_test.py` but the two below, with `support` (conftest and stand-ins) beside them;
-    - `gpu_launch_test`: the GPU run's launch (//tests/gpu) parsed by the trainer's own parse_args, with
-      `launch_support`;
+    - `gpu_launch_test`: the GPU run's launch (//tests/gpu, importable as `launches`) parsed by the trainer's own
+      parse_args, with `launch_support`;
     - `wheels_test`: the wheels installed into a copy of the environment, and the GPU command run from them up to its
-      Ray job (the wheels' paths in WHEELS).
+      Ray job (the wheels' paths in WHEELS, the launch importable as `launches`).
     """
     own = ["gpu_launch_test.py", "wheels_test.py"]
     env_pytest(
@@ -78,6 +84,7 @@ def trainer_tier(env, packages, support, launch_support = []):
         srcs = ["gpu_launch_test.py"],
         data = launch_support + ["//tests/gpu:launches"],
         env = env,
+        imports = ["tests/gpu"],
         packages = packages,
     )
     env_pytest(
@@ -86,6 +93,7 @@ def trainer_tier(env, packages, support, launch_support = []):
         srcs = ["wheels_test.py"],
         data = ["//packages:wheels", "//tests/gpu:launches"],
         env = env,
+        imports = ["tests/gpu"],
         packages = ["test_support"],
         test_env = {"WHEELS": "$(rootpaths //packages:wheels)"},
     )
@@ -95,7 +103,7 @@ def env_binary(name, env, main, packages, data = [], **kwargs):
     native.sh_binary(
         name = name,
         srcs = ["//tools/pytest:run_in_env.sh"],
-        args = _env_command(env, packages) + ["$(rootpath %s)" % main],
+        args = _env_command(env, packages, []) + ["$(rootpath %s)" % main],
         data = [main] + data + _env_data(packages),
         **kwargs
     )

@@ -6,7 +6,9 @@ server in a subprocess (``serve_bundle``), and a scripted OpenAI-compatible mode
 """
 
 from .env_server import HeldOpen, LeftOpen, ServedBundle, ServerFailed, serve_bundle
-from .scripted_model import Request, ScriptedModel, broken, delay, error, text, tool_call, tool_calls
+from .loopback import Request
+from .script import broken, delay, error, text, tool_call, tool_calls
+from .scripted_model import ScriptedModel
 from .scripts import REWARDS, SAMPLE_BUNDLE, SAMPLE_ENV, SCRIPTS, TASKS
 
 __all__ = [

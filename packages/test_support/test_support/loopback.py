@@ -1,8 +1,9 @@
 """An HTTP server on a free loopback port, run in a daemon thread, that answers each request with JSON.
 
 The stand-in models (the scripted OpenAI model here, and the tiers' stand-ins for SGLang) are each one of these: a
-subclass says how it answers a request, and gets the server, its address and its shutdown. It is the standard
-library's threaded server, so it runs in the dev environment and in every trainer environment alike.
+subclass says how it answers a ``Request``, the one record of a request every stand-in keeps, and gets the server,
+its address and its shutdown. It is the standard library's threaded server, so it runs in the dev environment and in
+every trainer environment alike.
 """
 
 from __future__ import annotations
@@ -17,19 +18,38 @@ HOST = "127.0.0.1"
 
 
 @dataclass(frozen=True)
-class Received:
-    """One request: its method, its path (query included), its headers (names lower-cased) and its body parsed as
-    JSON (None when it isn't JSON)."""
+class Request:
+    """One request: its method, its path (query included), its headers (names lower-cased), its body parsed as JSON
+    (None when it isn't JSON), and the session it belongs to, which a stand-in names from what its wire format
+    carries (``""`` as the server receives it)."""
 
     method: str
     path: str
     headers: dict[str, str]
     body: Any
+    session: str = ""
 
     @property
     def route(self) -> str:
         """The path without its query."""
         return self.path.split("?")[0]
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """A chat request's messages."""
+        return self.body.get("messages", []) if isinstance(self.body, dict) else []
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        """A chat request's tools."""
+        return self.body.get("tools") if isinstance(self.body, dict) else None
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """A chat request's keys other than ``model``, ``messages`` and ``tools``: sampling settings and the like."""
+        if not isinstance(self.body, dict):
+            return {}
+        return {key: value for key, value in self.body.items() if key not in ("model", "messages", "tools")}
 
 
 class LoopbackServer:
@@ -46,8 +66,8 @@ class LoopbackServer:
         )
         self._thread.start()
 
-    def respond(self, received: Received) -> tuple[int, Any]:
-        """The status and payload answering ``received``: a string is sent as it is, anything else as JSON."""
+    def respond(self, request: Request) -> tuple[int, Any]:
+        """The status and payload answering ``request``: a string is sent as it is, anything else as JSON."""
         raise NotImplementedError
 
     def sleep(self, seconds: float) -> None:
@@ -103,7 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = None
         headers = {name.lower(): value for name, value in self.headers.items()}
-        status, payload = self.server.owner.respond(Received(self.command, self.path, headers, body))
+        status, payload = self.server.owner.respond(Request(self.command, self.path, headers, body))
         data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
         try:
             self.send_response(status)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .scripted_model import Reply
+from .script import Reply
 
 END_OF_TURN = "<|im_end|>"
 

@@ -1,120 +1,23 @@
 """A model whose replies a test scripts, served over HTTP as OpenAI's ``POST /v1/chat/completions``.
 
-A script is a list of steps, one per request: ``text``, ``tool_call`` (arguments as an object, or as a raw string
-that may not be JSON at all), ``tool_calls`` (several in one reply), ``delay`` (wait, then take another step),
-``error`` (an HTTP error status) and ``broken`` (a 200 whose body isn't a chat completion). Each request belongs to
-a session, by default its body's ``user`` or else its bearer token, so concurrent episodes that say who they are
-each walk their own script, or their own run of the default one. Every request is recorded for the test to read.
+Each request belongs to a session, by default its body's ``user`` or else its bearer token, so concurrent episodes
+that say who they are each walk their own script (``test_support.script``), or their own run of the default one.
+Every request is recorded for the test to read.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import replace
 from http import HTTPStatus
 from typing import Any
 
-from .loopback import LoopbackServer, Received
+from .loopback import LoopbackServer, Request
+from .script import Reply, ScriptCursor, ScriptUsedUp, Step, answer
 
 CHAT_PATH = "/v1/chat/completions"
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: str
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A chat completion: ``content``, and the tool calls that make its finish reason ``tool_calls``."""
-
-    content: str | None
-    tool_calls: tuple[ToolCall, ...] = ()
-
-
-@dataclass(frozen=True)
-class Delay:
-    seconds: float
-    then: Step
-
-
-@dataclass(frozen=True)
-class Error:
-    status: int
-    body: str | dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Broken:
-    body: str
-
-
-Step = Reply | Delay | Error | Broken
-
-
-def text(content: str) -> Reply:
-    """A plain reply, finishing with ``stop``."""
-    return Reply(content)
-
-
-def tool_call(name: str, arguments: Mapping[str, Any] | str | None = None, *, content: str | None = None) -> Reply:
-    """A reply calling the tool ``name``. ``arguments`` is sent as JSON when it is a mapping, and as it is when it
-    is a string, which lets a script send arguments that are not an object, or not JSON."""
-    encoded = arguments if isinstance(arguments, str) else json.dumps(dict(arguments or {}))
-    return Reply(content, (ToolCall(name, encoded),))
-
-
-def tool_calls(*calls: Reply, content: str | None = None) -> Reply:
-    """One reply making every tool call of ``calls``, each made with ``tool_call``."""
-    return Reply(content, tuple(call for reply in calls for call in reply.tool_calls))
-
-
-def delay(seconds: float, then: Step) -> Delay:
-    """Wait ``seconds`` before answering with ``then``, as a slow model would."""
-    return Delay(seconds, then)
-
-
-def error(status: int, body: str | dict[str, Any] | None = None) -> Error:
-    """Answer with the HTTP ``status`` (429, 500, 503, ...) and ``body``, by default an OpenAI-style error."""
-    if body is None:
-        body = {"error": {"message": f"scripted error {status}", "type": "scripted_error", "code": status}}
-    return Error(status, body)
-
-
-def broken(body: str = '{"id": "chatcmpl-broken", "choices": [') -> Broken:
-    """Answer 200 with ``body``, by default JSON cut short, which no client can read as a chat completion."""
-    return Broken(body)
-
-
-@dataclass(frozen=True)
-class Request:
-    """One request the model received: its ``session``, path, headers (names lower-cased) and body (None when it
-    isn't JSON)."""
-
-    session: str
-    path: str
-    headers: dict[str, str]
-    body: Any
-
-    @property
-    def messages(self) -> list[dict[str, Any]]:
-        return self.body.get("messages", []) if isinstance(self.body, dict) else []
-
-    @property
-    def tools(self) -> list[dict[str, Any]] | None:
-        return self.body.get("tools") if isinstance(self.body, dict) else None
-
-    @property
-    def extra(self) -> dict[str, Any]:
-        """The body's keys other than ``model``, ``messages`` and ``tools``: sampling settings and the like."""
-        if not isinstance(self.body, dict):
-            return {}
-        return {key: value for key, value in self.body.items() if key not in ("model", "messages", "tools")}
 
 
 def session_of(headers: Mapping[str, str], body: Any) -> str:
@@ -125,29 +28,14 @@ def session_of(headers: Mapping[str, str], body: Any) -> str:
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
-@dataclass
-class _Session:
-    steps: tuple[Step, ...]
-    taken: int = 0
-
-
-@dataclass
-class _State:
-    default: tuple[Step, ...] = ()
-    scripts: dict[str, tuple[Step, ...]] = field(default_factory=dict)
-    sessions: dict[str, _Session] = field(default_factory=dict)
-    requests: list[Request] = field(default_factory=list)
-    unscripted: list[Request] = field(default_factory=list)
-
-
 class ScriptedModel(LoopbackServer):
     """The scripted model, listening on a free loopback port from construction until ``close()``; use it as a
     context manager. Its ``base_url`` is what an OpenAI client takes."""
 
     def __init__(self, *, session_of: Callable[[Mapping[str, str], Any], str] = session_of):
         self._session_of = session_of
-        self._lock = threading.Lock()
-        self._state = _State()
+        self._default: tuple[Step, ...] = ()
+        self._cursor = ScriptCursor(default=lambda request: self._default)
         self._ids = itertools.count(1)
         super().__init__(name="scripted-model")
 
@@ -159,18 +47,15 @@ class ScriptedModel(LoopbackServer):
         """Answer ``session``'s requests with ``steps``, one each, in order, starting over if it had begun another
         script. Without ``session``, make ``steps`` the default, which each session without a script of its own
         walks through on its own; a session already walking the old default goes on with it."""
-        with self._lock:
-            if session is None:
-                self._state.default = tuple(steps)
-            else:
-                self._state.scripts[session] = tuple(steps)
-                self._state.sessions.pop(session, None)
+        if session is None:
+            self._default = tuple(steps)
+        else:
+            self._cursor.script(session, steps)
 
     @property
     def requests(self) -> list[Request]:
         """Every request received, in arrival order."""
-        with self._lock:
-            return list(self._state.requests)
+        return self._cursor.requests
 
     def requests_of(self, session: str) -> list[Request]:
         return [request for request in self.requests if request.session == session]
@@ -178,41 +63,24 @@ class ScriptedModel(LoopbackServer):
     @property
     def unscripted(self) -> list[Request]:
         """The requests that found their session's script used up, each answered with a 500."""
-        with self._lock:
-            return list(self._state.unscripted)
+        return self._cursor.used_up
 
-    def respond(self, received: Received) -> tuple[int, Any]:
-        if received.method != "POST" or received.route != CHAT_PATH:
+    def respond(self, request: Request) -> tuple[int, Any]:
+        if request.method != "POST" or request.route != CHAT_PATH:
             return HTTPStatus.NOT_FOUND, _error_body(f"the scripted model serves only POST {CHAT_PATH}")
-        body = received.body
-        request = Request(self._session_of(received.headers, body), received.path, received.headers, body)
+        request = replace(request, session=self._session_of(request.headers, request.body))
+        body = request.body
         if not isinstance(body, dict):
-            self._record(request)
+            self._cursor.record(request)
             return HTTPStatus.BAD_REQUEST, _error_body("the request body is not a JSON object")
         if body.get("stream"):
-            self._record(request)
+            self._cursor.record(request)
             return HTTPStatus.BAD_REQUEST, _error_body("the scripted model doesn't stream")
-        if (step := self._take(request)) is None:
-            message = f"the script of session {request.session!r} is used up"
-            return HTTPStatus.INTERNAL_SERVER_ERROR, _error_body(message, "script_used_up")
+        try:
+            step = self._cursor.take(request)
+        except ScriptUsedUp as used_up:
+            return HTTPStatus.INTERNAL_SERVER_ERROR, _error_body(str(used_up), "script_used_up")
         return answer(step, lambda reply: self._completion(reply, body), sleep=self.sleep)
-
-    def _record(self, request: Request) -> None:
-        with self._lock:
-            self._state.requests.append(request)
-
-    def _take(self, request: Request) -> Step | None:
-        """Record ``request`` and take its session's next step: None once the script is used up."""
-        with self._lock:
-            self._state.requests.append(request)
-            if (session := self._state.sessions.get(request.session)) is None:
-                steps = self._state.scripts.get(request.session, self._state.default)
-                session = self._state.sessions[request.session] = _Session(steps)
-            if session.taken == len(session.steps):
-                self._state.unscripted.append(request)
-                return None
-            session.taken += 1
-            return session.steps[session.taken - 1]
 
     def _completion(self, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
@@ -235,19 +103,6 @@ class ScriptedModel(LoopbackServer):
             ],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
         }
-
-
-def answer(step: Step, reply: Callable[[Reply], Any], *, sleep: Callable[[float], object]) -> tuple[int, Any]:
-    """The status and payload answering ``step``, once ``sleep`` has waited out its delays: ``reply``'s rendering of a
-    reply, an error's status and body, or a broken body with 200. Every stand-in model walks its steps with it."""
-    while isinstance(step, Delay):
-        sleep(step.seconds)
-        step = step.then
-    if isinstance(step, Reply):
-        return HTTPStatus.OK, reply(step)
-    if isinstance(step, Error):
-        return step.status, step.body
-    return HTTPStatus.OK, step.body
 
 
 def _error_body(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:

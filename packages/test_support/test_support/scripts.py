@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import MappingProxyType
 
-from .scripted_model import Step, text, tool_call
+from .script import Step, text, tool_call
 
 SAMPLE_BUNDLE = Path(__file__).resolve().parent / "bundles" / "sample-env"
 SAMPLE_ENV = "sample-env"

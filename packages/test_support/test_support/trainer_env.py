@@ -4,7 +4,9 @@ while the environment itself stays as it was; and what a test asks of the copy a
 
 A tier runs only in its trainer's environment of the current spec, with the trainer's pins in the cache and a Python
 with agent-env for the env server; ``require_tier`` says which is missing and how to provide it, in an exception of
-its own that a ``conftest.py`` turns into pytest's usage error, so this module never imports pytest.
+its own that a ``conftest.py`` turns into pytest's usage error, so this module never imports pytest. It checks with
+the checkout's ``pins`` and ``build_env`` modules, which the tier's runner puts on the path (``third_party`` and
+``tools/envs``, from Bazel's runfiles).
 
 The copy is made with hard links (``cp -al``), which takes seconds and no disk for a 6 GB virtualenv. That is safe
 because nothing run in it rewrites a file in place: pip and Python only add files or replace them by unlinking
@@ -26,6 +28,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import build_env
+import pins
 
 from .env_server import serve_bundle
 
@@ -242,14 +247,7 @@ class TierUnready(Exception):
 def require_tier(tier: str, pinned: Sequence[str]) -> Path:
     """``server_python()``, once the pins ``pinned`` are in the cache, this process runs in the trainer environment
     ``tier.lower()`` of the current spec, and that Python exists; ``tier`` is the trainer as the messages name it
-    ("slime", "Miles"). Raises TierUnready, saying how to fix it, at the first of these that fails.
-
-    The checks read ``pins`` and ``build_env`` from the checkout's ``third_party`` and ``tools/envs``, which this puts
-    first on ``sys.path``, where the tier's tests find ``pins`` too."""
-    sys.path[:0] = [str(REPO / "third_party"), str(REPO / "tools" / "envs")]
-    import build_env
-    import pins
-
+    ("slime", "Miles"). Raises TierUnready, saying how to fix it, at the first of these that fails."""
     try:
         for name in pinned:
             pins.path_of(name)
@@ -259,8 +257,7 @@ def require_tier(tier: str, pinned: Sequence[str]) -> Path:
     if Path(sys.prefix).resolve() != build_env.env_dir(env_name).resolve():
         raise TierUnready(
             f"the {tier} tier runs in the {tier} environment of the current spec ({build_env.env_dir(env_name)}), not "
-            f"in {sys.prefix}: run python3.11 tools/envs/build_env.py {env_name}, then .venvs/{env_name}/bin/python "
-            f"-m pytest tests/{env_name}"
+            f"in {sys.prefix}: run ./bazelw version to build it, then ./bazelw test //tests/{env_name}/..."
         )
     python = server_python()
     if not python.is_file():
