@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from http import HTTPStatus
 from typing import Any
@@ -34,6 +34,7 @@ class SGLangChat(LoopbackServer):
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self.aborts = 0
+        self._turns: dict[str, Iterator[Step]] = {}
         self.reset(scripts)
         super().__init__(name="sglang-chat")
 
@@ -44,10 +45,17 @@ class SGLangChat(LoopbackServer):
             self._cursor.script(prompt, steps)
         with self._lock:
             self.aborts = 0
+            self._turns = {}
 
     def script(self, prompt: str, steps: Sequence[Step]) -> None:
         """Answer the episodes whose first user prompt is ``prompt`` with ``steps`` from now on."""
         self._cursor.script(prompt, steps)
+
+    def take_turns(self, prompt: str, replies: Sequence[Step]) -> None:
+        """Answer the episodes whose first user prompt is ``prompt`` with one reply each, taking ``replies`` in turn:
+        the only way to give sibling episodes of a group different replies, since their requests are alike."""
+        with self._lock:
+            self._turns[prompt] = itertools.cycle(replies)
 
     def requests_for(self, prompt: str) -> list[dict[str, Any]]:
         """The bodies of the chat requests of episodes whose first user prompt is ``prompt``."""
@@ -66,8 +74,15 @@ class SGLangChat(LoopbackServer):
         if request.route != "/v1/chat/completions" or not isinstance(body, dict):
             return HTTPStatus.NOT_FOUND, {"error": f"no POST {request.path} with a JSON object"}
         replies = sum(1 for message in body.get("messages", []) if message.get("role") == "assistant")
+        session = replace(request, session=_first_prompt(body) or "")
+        with self._lock:
+            turns = self._turns.get(session.session)
+            step = next(turns) if turns is not None and replies == 0 else None
+        if step is not None:
+            self._cursor.record(session)
+            return answer(step, lambda reply: self._completion(reply, body), sleep=self.sleep)
         try:
-            step = self._cursor.take(replace(request, session=_first_prompt(body) or ""), position=replies)
+            step = self._cursor.take(session, position=replies)
         except ScriptUsedUp as used_up:
             return HTTPStatus.INTERNAL_SERVER_ERROR, {"error": str(used_up)}
         return answer(step, lambda reply: self._completion(reply, body), sleep=self.sleep)
