@@ -209,6 +209,17 @@ def test_a_failure_after_the_task_api_leaves_nothing(tmp_path: Path, capsys) -> 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("route", "status"), [("/list_environments", 200), ("/stub/splits", 500)])
+def test_an_answer_nested_too_deeply_is_refused(route: str, status: int, tmp_path: Path, capsys) -> None:
+    # Python's JSON parser raises RecursionError on this, where other text that isn't JSON gets a ValueError.
+    with _TaskApi(tasks=[], deep=(route, status)) as server:
+        code, err = _prepare(server.url, tmp_path / "rows", capsys)
+
+    assert code == 1
+    assert err.startswith(f"prepare: {server.url} answered GET {route}") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_concurrency_below_one_is_a_usage_error(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["http://127.0.0.1:1", str(tmp_path / "rows"), "--concurrency", "0"])
@@ -232,19 +243,22 @@ def test_chat_core_loads_nothing_of_the_server() -> None:
 
 
 class _TaskApi(LoopbackServer):
-    """A stand-in for an OpenEnv server's Task API, serving ``tasks`` as its only split, ``all``."""
+    """A stand-in for an OpenEnv server's Task API, serving ``tasks`` as its only split, ``all``. ``deep``, a GET
+    route and a status, makes the route answer with that status and JSON nested too deeply to parse."""
 
-    def __init__(self, tasks: list[dict[str, Any]]):
+    def __init__(self, tasks: list[dict[str, Any]], deep: tuple[str, int] | None = None):
         self._answers = {
-            ("GET", "/list_environments"): ["stub"],
-            ("GET", "/stub/splits"): [{"name": "all", "type": "validation"}],
-            ("POST", "/stub/tasks"): {"tasks": tasks, "env_name": "stub"},
+            ("GET", "/list_environments"): (200, ["stub"]),
+            ("GET", "/stub/splits"): (200, [{"name": "all", "type": "validation"}]),
+            ("POST", "/stub/tasks"): (200, {"tasks": tasks, "env_name": "stub"}),
         }
+        if deep is not None:
+            route, status = deep
+            self._answers["GET", route] = (status, "[" * 100_000 + "]" * 100_000)
         super().__init__(name="task-api")
 
     def respond(self, received: Received) -> tuple[int, Any]:
-        answer = self._answers.get((received.method, received.path))
-        return (404, {"detail": "Not Found"}) if answer is None else (200, answer)
+        return self._answers.get((received.method, received.path), (404, {"detail": "Not Found"}))
 
 
 @contextlib.contextmanager

@@ -42,6 +42,7 @@ from websockets.asyncio.server import ServerConnection, serve
 pytest_plugins = ["test_support.pytest_plugin"]
 
 Rows = dict[str, dict[str, Any]]
+TOO_DEEP = "[" * 100_000 + "]" * 100_000  # JSON nested far deeper than Python's parser can recurse
 EXTRA_TASKS = {
     "unscored": [
         {"id": "agent", "type": "deploy_agent", "agent_name": "agent"},
@@ -237,7 +238,7 @@ def test_a_tool_error_goes_back_to_the_model(
     assert [(turn.tool_calls, turn.tool_errors) for turn in result.turns] == [(2, 1)]
 
 
-@pytest.mark.parametrize("arguments", ['{"name": "pears"', '["pears"]', '"pears"'])
+@pytest.mark.parametrize("arguments", ['{"name": "pears"', '["pears"]', '"pears"', TOO_DEEP])
 def test_arguments_that_arent_an_object_are_answered_as_an_error(
     sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel, arguments: str
 ) -> None:
@@ -316,6 +317,7 @@ def test_past_the_model_deadline_the_episode_is_abandoned(
     (error(500, "upstream exploded"), "upstream exploded"),
     (broken(), "isn't JSON"),
     (broken('{"choices": []}'), "without a choice"),
+    (broken(TOO_DEEP), "nested too deeply"),
 ])  # fmt: skip
 def test_a_failed_chat_session_is_flagged(
     sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel, step: Any, says: str
@@ -438,6 +440,7 @@ def test_an_unreachable_env_server_is_flagged(rows: Rows, scripted_model: Script
     ({"type": "error", "data": {"code": "EXECUTION_ERROR", "message": "the env broke"}}, "the env broke"),
     (None, "the session closed"),
     ("not json", "isn't JSON"),
+    (TOO_DEEP, "nested too deeply"),
 ])  # fmt: skip
 def test_an_env_server_breaking_the_protocol_is_flagged(scripted_model: ScriptedModel, answer: Any, says: str) -> None:
     async def scenario() -> EpisodeResult:

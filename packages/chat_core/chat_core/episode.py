@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from chat_core._json import parse_json
 from chat_core.openenv_client import (
     CapacityExhausted,
     CapacityWait,
@@ -416,9 +417,9 @@ def _reply_of(response: httpx.Response, seen: int) -> _Reply:
     """The reply in a chat completion; raises _ChatFailed saying what is wrong with it. Tool calls without an id get
     one, unique in the episode, so each can be answered."""
     try:
-        completion = response.json()
-    except ValueError:
-        raise _ChatFailed(f"answered with something that isn't JSON: {_clipped(response.text)}") from None
+        completion = parse_json(response.content)
+    except ValueError as e:
+        raise _ChatFailed(f"answered with something that isn't JSON ({e}): {_clipped(response.text)}") from None
     choices = completion.get("choices") if isinstance(completion, dict) else None
     choice = choices[0] if isinstance(choices, list) and choices else None
     message = choice.get("message") if isinstance(choice, dict) else None
@@ -467,7 +468,7 @@ def _arguments_of(raw: Any) -> dict[str, Any] | str:
     if not isinstance(raw, str):
         return f"the arguments must be a JSON object, not {type(raw).__name__}"
     try:
-        parsed = json.loads(raw)
+        parsed = parse_json(raw)
     except ValueError as e:
         return f"the arguments aren't valid JSON ({e}): {_clipped(raw)}"
     if not isinstance(parsed, dict):

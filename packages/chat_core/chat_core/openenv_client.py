@@ -20,6 +20,8 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from chat_core._json import parse_json
+
 _CAPACITY_REACHED = "CAPACITY_REACHED"
 _CLOSE_TIMEOUT_S = 2.0
 _OPEN_TIMEOUT_S = 30.0
@@ -235,10 +237,10 @@ class OpenEnvServer:
                 response.status_code,
             )
         try:
-            return response.json()
-        except ValueError:
+            return parse_json(response.content)
+        except ValueError as e:
             raise NotAnOpenEnvServer(
-                f"{self.url} answered {method} {path} with something that isn't JSON: {response.text[:200]!r}"
+                f"{self.url} answered {method} {path} with something that isn't JSON ({e}): {_excerpt(response.text)}"
             ) from None
 
 
@@ -366,9 +368,9 @@ class EpisodeSession:
                 f"the session closed while waiting for the answer to {what}: {_closing(e)}"
             ) from None
         try:
-            frame = json.loads(raw)
-        except ValueError:
-            raise EpisodeProtocolError(f"the answer to {what} isn't JSON: {_excerpt(raw)}") from None
+            frame = parse_json(raw)
+        except ValueError as e:
+            raise EpisodeProtocolError(f"the answer to {what} isn't JSON ({e}): {_excerpt(raw)}") from None
         if not isinstance(frame, dict):
             raise EpisodeProtocolError(f"the answer to {what} isn't a frame: {_excerpt(frame)}")
         return frame
@@ -457,7 +459,7 @@ def _closing(error: ConnectionClosed) -> str:
 
 def _detail(response: httpx.Response) -> str:
     try:
-        detail = response.json().get("detail")
+        detail = parse_json(response.content).get("detail")
     except (ValueError, AttributeError):
         detail = None
     return str(detail) if detail else _excerpt(response.text)
