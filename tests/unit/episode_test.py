@@ -253,6 +253,20 @@ def test_arguments_that_arent_an_object_are_answered_as_an_error(
     assert [(turn.tool_calls, turn.tool_errors) for turn in result.turns] == [(2, 1)]
 
 
+def test_a_reply_cut_at_the_token_limit_is_played_and_noted(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    steps = [text("Welcome to the ware", finish_reason="length"), text("Goodbye!")]
+
+    result = _play(sample_env, rows["two_turns"], scripted_model, steps)
+
+    assert result.reward == 1.0 and result.scored
+    assert _kinds(result) == [FlagKind.REPLY_TRUNCATED]
+    assert result.flags[0].message.startswith("turn 1: ")
+    assert not result.flags[0].fatal
+    assert len(result.turns) == 2
+
+
 def test_the_model_may_end_its_turn_itself(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
     result = _play(sample_env, rows["reply_only"], scripted_model, [tool_call("end_turn", {"response": "A banana."})])
 

@@ -46,6 +46,8 @@ class FlagKind(StrEnum):
 
     - ``bad_tool_arguments``: a tool call's arguments weren't a JSON object; the model got a tool error instead.
     - ``tool_call_limit``: the model called more tools in a turn than allowed; the turn ended with its latest text.
+    - ``reply_truncated``: a reply stopped at the model's token limit (finish reason ``length``); it was played as
+      it came, so the reward may be for a cut answer or a cut tool call.
 
     Fatal (in ``FATAL``), leaving the episode unscored:
 
@@ -61,6 +63,7 @@ class FlagKind(StrEnum):
 
     BAD_TOOL_ARGUMENTS = "bad_tool_arguments"
     TOOL_CALL_LIMIT = "tool_call_limit"
+    REPLY_TRUNCATED = "reply_truncated"
     ENV_FAILED = "env_failed"
     SESSION_FAILED = "session_failed"
     NO_REWARD = "no_reward"
@@ -72,7 +75,7 @@ class FlagKind(StrEnum):
     TASK_MISMATCH = "task_mismatch"
 
 
-FATAL = frozenset(FlagKind) - {FlagKind.BAD_TOOL_ARGUMENTS, FlagKind.TOOL_CALL_LIMIT}
+FATAL = frozenset(FlagKind) - {FlagKind.BAD_TOOL_ARGUMENTS, FlagKind.TOOL_CALL_LIMIT, FlagKind.REPLY_TRUNCATED}
 
 
 @dataclass(frozen=True)
@@ -218,11 +221,13 @@ async def play(
 
 @dataclass(frozen=True)
 class _Reply:
-    """The model's answer, as the transcript keeps it, with its text and tool calls read out."""
+    """The model's answer, as the transcript keeps it, with its text and tool calls read out, and whether it was cut
+    at the model's token limit."""
 
     message: dict[str, Any]
     text: str
     tool_calls: list[dict[str, Any]]
+    truncated: bool
 
 
 class _ChatFailed(Exception):
@@ -300,6 +305,14 @@ class _Game:
                 return None
             counts.model_calls += 1
             self.result.transcript.append(reply.message)
+            if reply.truncated:
+                self.result.flags.append(
+                    Flag(
+                        FlagKind.REPLY_TRUNCATED,
+                        f"turn {len(self.result.turns)}: reply {counts.model_calls} was cut at the model's token limit "
+                        "(finish_reason 'length'); it was played as it came",
+                    )
+                )
             if not reply.tool_calls:
                 return await self._end_turn(session, reply.text)
             for position, call in enumerate(reply.tool_calls):
@@ -446,7 +459,7 @@ def _reply_of(response: httpx.Response, seen: int) -> _Reply:
         kept["tool_calls"] = calls
     else:
         kept.pop("tool_calls", None)
-    return _Reply(message=kept, text=text, tool_calls=calls)
+    return _Reply(message=kept, text=text, tool_calls=calls, truncated=choice.get("finish_reason") == "length")
 
 
 def _text_of(content: Any) -> str:

@@ -1,10 +1,11 @@
 """A model whose replies a test scripts, served over HTTP as OpenAI's ``POST /v1/chat/completions``.
 
-A script is a list of steps, one per request: ``text``, ``tool_call`` (arguments as an object, or as a raw string
-that may not be JSON at all), ``tool_calls`` (several in one reply), ``delay`` (wait, then take another step),
-``error`` (an HTTP error status) and ``broken`` (a 200 whose body isn't a chat completion). Each request belongs to
-a session, by default its body's ``user`` or else its bearer token, so concurrent episodes that say who they are
-each walk their own script, or their own run of the default one. Every request is recorded for the test to read.
+A script is a list of steps, one per request: ``text`` (finishing with ``stop`` or a finish reason of its own),
+``tool_call`` (arguments as an object, or as a raw string that may not be JSON at all), ``tool_calls`` (several in
+one reply), ``delay`` (wait, then take another step), ``error`` (an HTTP error status) and ``broken`` (a 200 whose
+body isn't a chat completion). Each request belongs to a session, by default its body's ``user`` or else its bearer
+token, so concurrent episodes that say who they are each walk their own script, or their own run of the default
+one. Every request is recorded for the test to read.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Reply:
-    """A chat completion: ``content``, and the tool calls that make its finish reason ``tool_calls``."""
+    """A chat completion: ``content``, and the tool calls that make its finish reason ``tool_calls``. The scripted
+    model sends ``finish_reason`` when one is set, in place of ``tool_calls`` or ``stop``."""
 
     content: str | None
     tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,9 +60,10 @@ class Broken:
 Step = Reply | Delay | Error | Broken
 
 
-def text(content: str) -> Reply:
-    """A plain reply, finishing with ``stop``."""
-    return Reply(content)
+def text(content: str, *, finish_reason: str | None = None) -> Reply:
+    """A plain reply, finishing with ``stop``, or with ``finish_reason`` (``length``: cut at the token limit,
+    ``abort``: aborted by the server)."""
+    return Reply(content, finish_reason=finish_reason)
 
 
 def tool_call(name: str, arguments: Mapping[str, Any] | str | None = None, *, content: str | None = None) -> Reply:
@@ -231,7 +235,11 @@ class ScriptedModel(LoopbackServer):
             "created": int(time.time()),
             "model": body.get("model") or "scripted",
             "choices": [
-                {"index": 0, "message": message, "finish_reason": "tool_calls" if reply.tool_calls else "stop"}
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop"),
+                }
             ],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
         }
