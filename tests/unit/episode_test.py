@@ -58,6 +58,14 @@ EXTRA_TASKS = {
                        "flags": ["IGNORECASE"]}]},
     ],
 }  # fmt: skip
+# A task whose first turn can't open: a script run before it raises. prepare refuses such a bundle, so it is served
+# on its own and its row written by hand.
+JAMMED_AT_RESET = [
+    {"id": "bay", "type": "deploy_sandbox", "sandbox_name": "bay", "sandbox_type": "local", "sandbox_mode": "vm"},
+    {"id": "jam", "type": "run_code", "script_artifact_id": "jam", "sandbox_name": "bay"},
+    {"id": "agent", "type": "deploy_agent", "agent_name": "agent"},
+    {"id": "ask", "type": "prompt_agent", "agent_name": "agent", "prompt_id": "ask", "prompt": "Unload the truck."},
+]
 
 
 def _rows_of(url: str, out: Path) -> Rows:
@@ -332,6 +340,7 @@ def test_past_the_model_deadline_the_episode_is_abandoned(
     (broken(), "isn't JSON"),
     (broken('{"choices": []}'), "without a choice"),
     (broken(TOO_DEEP), "nested too deeply"),
+    (text("The crate of pe", finish_reason="abort"), "aborted the reply"),
 ])  # fmt: skip
 def test_a_failed_chat_session_is_flagged(
     sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel, step: Any, says: str
@@ -362,6 +371,28 @@ def test_a_row_of_another_task_is_refused(sample_env: ServedBundle, rows: Rows, 
     assert scripted_model.requests == []
 
 
+def test_an_episode_the_env_cant_start_is_flagged(tmp_path: Path, scripted_model: ScriptedModel) -> None:
+    bundle = tmp_path / "jammed-env"
+    (bundle / "tasks").mkdir(parents=True)
+    (bundle / "tasks" / "jammed.json").write_text(json.dumps(JAMMED_AT_RESET))
+    (bundle / "artifacts" / "jam").mkdir(parents=True)
+    (bundle / "artifacts" / "jam" / "run.py").write_text("def run(input):\n    raise RuntimeError('jammed bay')\n")
+
+    with serve_bundle(bundle) as served:
+        [task] = served.tasks()
+        metadata = {
+            "episode": {"split": "all", "index": 0, "task_id": task["id"], "task_name": task["name"]},
+            "server": {"url": served.url, "env_name": served.env_name},
+            "tools": [],
+        }
+        result = _play(served, metadata, scripted_model, [text("Hello.")])
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.ENV_FAILED]
+    assert "jammed bay" in result.flags[0].message
+    assert (result.transcript, result.turns, scripted_model.requests) == ([], [], [])
+
+
 def test_an_episode_without_a_reward_is_flagged(
     single: ServedBundle, single_rows: Rows, scripted_model: ScriptedModel
 ) -> None:
@@ -386,7 +417,9 @@ def test_a_full_server_is_waited_for(single: ServedBundle, single_rows: Rows, sc
     result = asyncio.run(scenario())
 
     assert result.reward == 1.0 and result.scored
-    assert result.timings.capacity_wait_s > 0
+    timings = result.timings
+    assert timings.capacity_wait_s > 0
+    assert timings.env_s + timings.model_s + timings.capacity_wait_s <= timings.wall_s
 
 
 def test_a_server_full_for_too_long_is_flagged(
@@ -404,6 +437,9 @@ def test_a_server_full_for_too_long_is_flagged(
     assert _kinds(result) == [FlagKind.CAPACITY_EXHAUSTED]
     assert "all 1 of its sessions" in result.flags[0].message
     assert scripted_model.requests == []
+    timings = result.timings
+    assert timings.capacity_wait_s >= 1
+    assert timings.env_s + timings.capacity_wait_s <= timings.wall_s
 
 
 def test_cancelling_closes_the_episode(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
@@ -455,8 +491,11 @@ def test_an_unreachable_env_server_is_flagged(rows: Rows, scripted_model: Script
     (None, "the session closed"),
     ("not json", "isn't JSON"),
     (TOO_DEEP, "nested too deeply"),
+    ({"type": "observation", "data": {"observation": {}, "done": False}}, "neither ended the episode nor opened"),
 ])  # fmt: skip
 def test_an_env_server_breaking_the_protocol_is_flagged(scripted_model: ScriptedModel, answer: Any, says: str) -> None:
+    scripted_model.script([text("Hello.")], session="fake")
+
     async def scenario() -> EpisodeResult:
         async with _fake_env(answer) as url:
             metadata = {
