@@ -14,14 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chat_core import (
-    ChatEndpoint,
-    EpisodeResult,
-    EpisodeSession,
-    FlagKind,
-    Limits,
-    play,
-)
+from chat_core import ChatEndpoint, EpisodeResult, FlagKind, Limits, play
+from chat_core.openenv_client import EpisodeSession
 from chat_core.prepare import write_rows
 from test_support import (
     REWARDS,
@@ -201,26 +195,6 @@ def test_a_tool_call_is_run_and_answered(sample_env: ServedBundle, rows: Rows, s
     assert first.messages == [system, user]
     assert second.messages == [system, user, called, answered]
     assert first.headers["authorization"] == "Bearer played"
-
-
-def test_the_result_is_one_json_line(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
-    result = _play(sample_env, rows["fails_after_the_turn"], scripted_model, SCRIPTS["fails_after_the_turn"])
-
-    line = result.to_json()
-
-    assert "\n" not in line
-    trace = json.loads(line)
-    assert trace["episode"] == {
-        "split": "all",
-        "index": result.episode.index,
-        "task_id": result.episode.task_id,
-        "task_name": "fails_after_the_turn",
-    }
-    assert (trace["reward"], trace["scored"]) == (None, False)
-    assert [(flag["kind"], flag["fatal"]) for flag in trace["flags"]] == [("env_failed", True)]
-    assert trace["transcript"] == result.transcript
-    assert trace["turns"] == [{"model_calls": 1, "tool_calls": 0, "tool_errors": 0}]
-    assert set(trace["timings"]) == {"env_s", "model_s", "capacity_wait_s", "wall_s"}
 
 
 def test_each_turn_opens_with_its_prompt(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:

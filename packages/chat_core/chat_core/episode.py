@@ -19,21 +19,15 @@ import math
 import ssl
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 import httpx
 
 from chat_core._json import parse_json
-from chat_core.openenv_client import (
-    CapacityExhausted,
-    CapacityWait,
-    EpisodeSession,
-    Observation,
-    OpenEnvError,
-    ServerUnreachable,
-)
+from chat_core.errors import CapacityExhausted, OpenEnvError, ServerUnreachable
+from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation
 from chat_core.rows import EpisodeRef
 
 END_TURN = "end_turn"
@@ -161,36 +155,16 @@ class EpisodeResult:
         """Whether the reward can be trained on: the env gave one and no fatal flag was raised."""
         return self.reward is not None and not any(flag.fatal for flag in self.flags)
 
-    def to_json(self) -> str:
-        """The whole result as one JSON line (no trailing newline), for a trace of every episode."""
-        return json.dumps(
-            {
-                "episode": self.episode.identity(),
-                "server": self.episode.server_url,
-                "reward": self.reward,
-                "scored": self.scored,
-                "flags": [flag.as_dict() for flag in self.flags],
-                "turns": [asdict(turn) for turn in self.turns],
-                "timings": asdict(self.timings),
-                "transcript": self.transcript,
-            },
-            sort_keys=True,
-            ensure_ascii=False,
-        )
-
 
 async def play(
     metadata: Mapping[str, Any],
     chat: ChatEndpoint,
     sampling: Mapping[str, Any],
     limits: Limits,
-    *,
-    client: httpx.AsyncClient | None = None,
 ) -> EpisodeResult:
     """Play the episode of a row's ``metadata`` (a row written by ``python -m chat_core.prepare``, as slime and
     Miles hand it to a rollout) with the model at ``chat``, and return how it went. ``sampling`` goes into every
-    chat request's JSON body as it is (e.g. ``temperature``, SGLang's ``top_k``). ``client`` sends the chat
-    requests; without one, ``play`` opens its own and closes it.
+    chat request's JSON body as it is (e.g. ``temperature``, SGLang's ``top_k``).
 
     Every failure of the env, the chat endpoint or the model is a flag on the result. Raises ValueError before
     anything starts when ``metadata`` isn't a row's or ``sampling`` sets ``model``, ``messages`` or ``tools``. When
@@ -202,7 +176,7 @@ async def play(
     game = _Game(episode, chat, dict(sampling), limits)
     began = time.monotonic()
     session = EpisodeSession(episode.server_url, capacity_wait=CapacityWait(total_s=limits.capacity_wait_s))
-    http = client or httpx.AsyncClient(timeout=None, verify=_tls())
+    http = httpx.AsyncClient(timeout=None, verify=_tls())
     try:
         await game.play(session, http)
     except OpenEnvError as e:
@@ -211,8 +185,7 @@ async def play(
         try:
             await session.close()
         finally:
-            if client is None:
-                await http.aclose()
+            await http.aclose()
             game.result.timings.capacity_wait_s = session.capacity_wait_s
             game.result.timings.env_s -= session.capacity_wait_s
             game.result.timings.wall_s = time.monotonic() - began
