@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import shutil
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +21,7 @@ from chat_core.openenv_client import EpisodeSession
 from chat_core.prepare import write_rows
 from test_support import (
     REWARDS,
+    SAMPLE_BUNDLE,
     SCRIPTS,
     TASKS,
     ScriptedModel,
@@ -51,6 +54,12 @@ EXTRA_TASKS = {
          "criteria": [{"type": "response_regex_present", "criterion": "says hello", "pattern": "hello",
                        "flags": ["IGNORECASE"]}]},
     ],
+    "hurried": [
+        {"id": "warehouse", "type": "deploy_env", "env_id": "warehouse"},
+        {"id": "agent", "type": "deploy_agent", "agent_name": "agent", "env_ids": ["warehouse"]},
+        {"id": "ask", "type": "prompt_agent", "agent_name": "agent", "prompt_id": "ask", "poll_interval_seconds": 0.2,
+         "timeout_seconds": 2, "prompt": "Find the pears, quickly."},
+    ],
 }  # fmt: skip
 # A task whose first turn can't open: a script run before it raises. prepare refuses such a bundle, so it is served
 # on its own and its row written by hand.
@@ -76,9 +85,11 @@ def rows(sample_env_server: ServedBundle, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.fixture(scope="module")
 def single_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedBundle]:
-    """A server of one session at a time, with a task that records no score and one that greets."""
+    """A server of one session at a time, with a task that records no score, one that greets, and one whose turn
+    times out after 2 s."""
     bundle = tmp_path_factory.mktemp("bundles") / "single-env"
     (bundle / "tasks").mkdir(parents=True)
+    shutil.copytree(SAMPLE_BUNDLE / "envs", bundle / "envs")
     for name, steps in EXTRA_TASKS.items():
         (bundle / "tasks" / f"{name}.json").write_text(json.dumps(steps))
     with serve_bundle(bundle, max_concurrent_envs=1) as served:
@@ -220,6 +231,16 @@ def test_a_tool_error_goes_back_to_the_model(
     assert [(turn.tool_calls, turn.tool_errors) for turn in result.turns] == [(2, 1)]
 
 
+def test_blank_arguments_are_no_arguments(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
+    steps = [tool_call("list_crates", " "), *SCRIPTS["played"]]
+
+    result = _play(sample_env, rows["played"], scripted_model, steps)
+
+    assert result.reward == 1.0 and result.flags == []
+    assert "pears" in result.transcript[3]["content"]
+    assert [(turn.tool_calls, turn.tool_errors) for turn in result.turns] == [(2, 0)]
+
+
 @pytest.mark.parametrize("arguments", ['{"name": "pears"', '["pears"]', '"pears"', TOO_DEEP])
 def test_arguments_that_arent_an_object_are_answered_as_an_error(
     sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel, arguments: str
@@ -255,6 +276,28 @@ def test_the_model_may_end_its_turn_itself(sample_env: ServedBundle, rows: Rows,
     assert result.reward == 1.0 and result.flags == []
     assert result.transcript[-1]["role"] == "tool"
     assert result.turns[0].tool_calls == 0
+
+
+def test_end_turn_without_a_response_hands_back_the_replys_text(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    steps = [tool_call("end_turn", {}, content="A banana.")]
+
+    result = _play(sample_env, rows["reply_only"], scripted_model, steps)
+
+    assert result.reward == 1.0 and result.flags == []
+
+
+def test_end_turn_with_a_response_that_isnt_text_is_answered_as_an_error(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    steps = [tool_call("end_turn", {"response": ["A", "banana"]}), text("A banana.")]
+
+    result = _play(sample_env, rows["reply_only"], scripted_model, steps)
+
+    assert result.reward == 1.0 and result.scored
+    assert _kinds(result) == [FlagKind.BAD_TOOL_ARGUMENTS]
+    assert result.transcript[-2]["content"].startswith('error: end_turn takes {"response": string}')
 
 
 def test_calls_after_end_turn_are_not_run(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
@@ -367,6 +410,19 @@ def test_an_episode_the_env_cant_start_is_flagged(tmp_path: Path, scripted_model
     assert (result.transcript, result.turns, scripted_model.requests) == ([], [], [])
 
 
+def test_a_turn_that_times_out_during_a_tool_call_ends_the_episode(
+    single: ServedBundle, single_rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    steps = [delay(3, tool_call("find_crate", {"name": "pears"})), text("Shelf 9C.")]
+
+    result = _play(single, single_rows["hurried"], scripted_model, steps)
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.ENV_FAILED]
+    assert "TimeoutError" in result.flags[0].message
+    assert len(scripted_model.requests) == 1
+
+
 def test_an_episode_without_a_reward_is_flagged(
     single: ServedBundle, single_rows: Rows, scripted_model: ScriptedModel
 ) -> None:
@@ -466,24 +522,37 @@ def test_an_unreachable_env_server_is_flagged(rows: Rows, scripted_model: Script
     ("not json", "isn't JSON"),
     (TOO_DEEP, "nested too deeply"),
     ({"type": "observation", "data": {"observation": {}, "done": False}}, "neither ended the episode nor opened"),
+    ({"type": "observation", "data": {"observation": {}, "done": True, "reward": "1.0"}}, "reward that isn't a number"),
 ])  # fmt: skip
 def test_an_env_server_breaking_the_protocol_is_flagged(scripted_model: ScriptedModel, answer: Any, says: str) -> None:
-    scripted_model.script([text("Hello.")], session="fake")
-
-    async def scenario() -> EpisodeResult:
-        async with _fake_env(answer) as url:
-            metadata = {
-                "episode": {"split": "all", "index": 0, "task_id": "fake", "task_name": "fake"},
-                "server": {"url": url, "env_name": "fake"},
-                "tools": [],
-            }
-            return await play(metadata, _chat(scripted_model, "fake"), {}, Limits())
-
-    result = asyncio.run(scenario())
+    result = _play_on_fake_env(answer, scripted_model)
 
     assert result.reward is None and not result.scored
     assert _kinds(result) == [FlagKind.PROTOCOL_ERROR]
     assert says in result.flags[0].message
+
+
+def test_an_episode_the_env_ends_as_its_turn_opens_is_not_played(scripted_model: ScriptedModel) -> None:
+    # The real server ends an episode at list_tools only when its run fails between a turn opening and the listing,
+    # which can't be made to happen on cue.
+    metadata = {"status": "error", "error": "RuntimeError: the warehouse flooded"}
+    ended = {"type": "observation", "data": {"observation": {"tools": []}, "done": True, "metadata": metadata}}
+
+    result = _play_on_fake_env(ended, scripted_model)
+
+    assert _kinds(result) == [FlagKind.ENV_FAILED]
+    assert "the warehouse flooded" in result.flags[0].message
+    assert scripted_model.requests == []
+
+
+def test_a_reward_that_isnt_finite_is_no_reward(scripted_model: ScriptedModel) -> None:
+    # agent-env scores 1.0, 0.0 or None, but JSON from Python may carry NaN, which no trainer should get.
+    ended = {"type": "observation", "data": {"observation": {}, "done": True, "reward": math.nan}}
+
+    result = _play_on_fake_env(ended, scripted_model)
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.NO_REWARD]
 
 
 def test_metadata_prepare_didnt_write_is_refused_up_front() -> None:
@@ -506,6 +575,22 @@ async def _held(server: ServedBundle, metadata: dict[str, Any]):
     async with EpisodeSession(server.url) as session:
         await session.reset(metadata["episode"]["split"], metadata["episode"]["index"])
         yield
+
+
+def _play_on_fake_env(answer: Any, model: ScriptedModel) -> EpisodeResult:
+    """The task ``fake`` played on ``_fake_env(answer)``, the model replying ``Hello.`` should it be asked."""
+    model.script([text("Hello.")], session="fake")
+
+    async def scenario() -> EpisodeResult:
+        async with _fake_env(answer) as url:
+            metadata = {
+                "episode": {"split": "all", "index": 0, "task_id": "fake", "task_name": "fake"},
+                "server": {"url": url, "env_name": "fake"},
+                "tools": [],
+            }
+            return await play(metadata, _chat(model, "fake"), {}, Limits())
+
+    return asyncio.run(scenario())
 
 
 @asynccontextmanager
