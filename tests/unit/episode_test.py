@@ -71,6 +71,12 @@ JAMMED_AT_RESET = [
 ]
 
 
+def _as_sent(message: dict[str, Any]) -> Any:
+    """A completion holding ``message`` exactly as given, for the shapes servers other than OpenAI's write and the
+    scripted model's own replies don't (``broken`` sends any body as it is)."""
+    return broken(json.dumps({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}))
+
+
 def _rows_of(url: str, out: Path) -> Rows:
     asyncio.run(write_rows(url, out, progress=False))
     lines = (out / "all.jsonl").read_text().splitlines()
@@ -231,6 +237,35 @@ def test_a_tool_error_goes_back_to_the_model(
     assert [(turn.tool_calls, turn.tool_errors) for turn in result.turns] == [(2, 1)]
 
 
+def test_a_tool_call_without_an_id_and_with_arguments_as_an_object_is_run(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    call = {"type": "function", "function": {"name": "find_crate", "arguments": {"name": "pears"}}}
+    steps = [_as_sent({"role": "assistant", "content": None, "tool_calls": [call]}), *SCRIPTS["played"][1:]]
+
+    result = _play(sample_env, rows["played"], scripted_model, steps)
+
+    assert result.reward == 1.0 and result.flags == []
+    called, answered = result.transcript[2:4]
+    assert answered == {
+        "role": "tool",
+        "tool_call_id": called["tool_calls"][0]["id"],
+        "content": "The crate 'pears' is on shelf 9C.",
+    }
+
+
+def test_a_reply_in_text_parts_is_read_and_kept_without_empty_fields(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    parts = [{"type": "text", "text": "A "}, {"type": "text", "text": "banana."}]
+    steps = [_as_sent({"role": "assistant", "content": parts, "tool_calls": [], "function_call": None})]
+
+    result = _play(sample_env, rows["reply_only"], scripted_model, steps)
+
+    assert result.reward == 1.0 and result.flags == []
+    assert result.transcript[-1] == {"role": "assistant", "content": parts}
+
+
 def test_blank_arguments_are_no_arguments(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
     steps = [tool_call("list_crates", " "), *SCRIPTS["played"]]
 
@@ -241,11 +276,16 @@ def test_blank_arguments_are_no_arguments(sample_env: ServedBundle, rows: Rows, 
     assert [(turn.tool_calls, turn.tool_errors) for turn in result.turns] == [(2, 0)]
 
 
-@pytest.mark.parametrize("arguments", ['{"name": "pears"', '["pears"]', '"pears"', TOO_DEEP])
+@pytest.mark.parametrize("arguments", ['{"name": "pears"', '["pears"]', '"pears"', TOO_DEEP, 7])
 def test_arguments_that_arent_an_object_are_answered_as_an_error(
-    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel, arguments: str
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel, arguments: str | int
 ) -> None:
-    steps = [tool_call("find_crate", arguments), *SCRIPTS["played"]]
+    if isinstance(arguments, str):
+        called = tool_call("find_crate", arguments)
+    else:
+        call = {"id": "call_7", "type": "function", "function": {"name": "find_crate", "arguments": arguments}}
+        called = _as_sent({"role": "assistant", "tool_calls": [call]})
+    steps = [called, *SCRIPTS["played"]]
 
     result = _play(sample_env, rows["played"], scripted_model, steps)
 
@@ -358,6 +398,8 @@ def test_past_the_model_deadline_the_episode_is_abandoned(
     (broken('{"choices": []}'), "without a choice"),
     (broken(TOO_DEEP), "nested too deeply"),
     (text("The crate of pe", finish_reason="abort"), "aborted the reply"),
+    (_as_sent({"role": "assistant", "tool_calls": [{"id": "call_1", "function": {}}]}), "aren't OpenAI tool calls"),
+    (_as_sent({"role": "assistant", "content": {"text": "A pear."}}), "neither text nor text parts"),
 ])  # fmt: skip
 def test_a_failed_chat_session_is_flagged(
     sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel, step: Any, says: str
