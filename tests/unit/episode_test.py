@@ -498,7 +498,7 @@ def test_a_server_full_for_too_long_is_flagged(
     single: ServedBundle, single_rows: Rows, scripted_model: ScriptedModel
 ) -> None:
     async def scenario() -> EpisodeResult:
-        async with _held(single, single_rows["unscored"]):
+        async with _held(single, single_rows["unscored"]), asyncio.timeout(60):  # a guard against a wait without end
             result = await play(single_rows["greets"], _chat(scripted_model, "gives_up"), {}, Limits(capacity_wait_s=1))
         await _closed(single)
         return result
@@ -559,7 +559,7 @@ def test_an_unreachable_env_server_is_flagged(rows: Rows, scripted_model: Script
 
 
 @pytest.mark.parametrize(("answer", "says"), [
-    ({"type": "error", "data": {"code": "EXECUTION_ERROR", "message": "the env broke"}}, "the env broke"),
+    ({"type": "error", "data": {"code": "EXECUTION_ERROR", "message": "it broke"}}, "EXECUTION_ERROR: it broke"),
     (None, "the session closed"),
     ("not json", "isn't JSON"),
     (TOO_DEEP, "nested too deeply"),
