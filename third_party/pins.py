@@ -4,10 +4,12 @@ Upstream code is never committed here. Each pin in ``pins.json`` names a public 
 puts a work tree of exactly that commit under ``$TRAINER_HELPERS_CACHE`` (default
 ``${XDG_CACHE_HOME:-~/.cache}/trainer-helpers``), taking it from a checkout or git directory the user names, or
 else cloning the public URL. ``path`` prints where a pin lives and fails, saying how to provide it, when it is
-not there yet; the slime and Miles tiers rely on that message.
+not there yet; the slime and Miles tiers rely on that message. ``ensure``, which ``./bazelw`` runs, clones each pin
+missing from the cache whose URL git can reach, and says how to provide the others.
 
     python third_party/pins.py fetch slime [--from DIR]   # DIR: a checkout or a bare/git directory
     python third_party/pins.py fetch --all                # every pin, from each upstream URL
+    python third_party/pins.py ensure                     # every pin missing from the cache, where git reaches it
     python third_party/pins.py path slime
 """
 
@@ -21,6 +23,9 @@ import tempfile
 from pathlib import Path
 
 PINS = json.loads((Path(__file__).resolve().parent / "pins.json").read_text())
+# How long git may take to answer whether a pin's URL is there. A clone can't be bounded so tightly (Megatron-LM's
+# takes minutes), and an unbounded one would hang every ./bazelw on a machine whose network drops the packets.
+REACH_TIMEOUT_S = 10
 
 
 class PinUnavailable(Exception):
@@ -108,6 +113,35 @@ def fetch(name: str, source: Path | None) -> Path:
     return tree
 
 
+def reachable(url: str) -> bool:
+    """Whether git answers at ``url`` within REACH_TIMEOUT_S, never stopping to ask for credentials."""
+    try:
+        done = subprocess.run(
+            ["git", "ls-remote", "--quiet", url, "HEAD"],
+            capture_output=True,
+            timeout=REACH_TIMEOUT_S,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0
+
+
+def ensure(name: str) -> Path:
+    """The work tree of pin ``name``: the one in the cache, with no network call, or else a clone of its upstream
+    URL. Raises PinUnavailable, saying how to provide it, when git can't reach the URL or the clone fails."""
+    tree = pin_dir(name)
+    if (tree / ".pin-complete").is_file():
+        return tree
+    url = PINS[name]["url"]
+    if not reachable(url):
+        raise PinUnavailable(f"git can't reach {url} from this machine.\n{how_to_provide(name)}")
+    try:
+        return fetch(name, None)
+    except PinUnavailable as failed:
+        raise PinUnavailable(f"{failed}\n{how_to_provide(name)}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -115,9 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     fetch_verb.add_argument("name", nargs="?", choices=sorted(PINS))
     fetch_verb.add_argument("--all", action="store_true", help="every pin, from its upstream URL")
     fetch_verb.add_argument("--from", dest="source", type=Path, help="a checkout or git directory to take it from")
+    verbs.add_parser(
+        "ensure", help="clone each pin missing from the cache when git can reach its URL; say how to provide the others"
+    )
     path_verb = verbs.add_parser("path", help="print where a pin lives; fail with instructions if it is missing")
     path_verb.add_argument("name")
     args = parser.parse_args(argv)
+    if args.verb == "ensure":
+        return _ensure_all()
     try:
         if args.verb == "path":
             print(path_of(args.name))
@@ -132,6 +171,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pins: {missing}", file=sys.stderr)
         return 1
     return 0
+
+
+def _ensure_all() -> int:
+    """Every pin ensured, and how to provide each one still missing said on stderr; 1 when any is."""
+    missing = 0
+    for name in sorted(PINS):
+        try:
+            ensure(name)
+        except PinUnavailable as unavailable:
+            print(f"pins: {unavailable}", file=sys.stderr)
+            missing += 1
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":

@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chat_core import EpisodeRef, OpenEnvServer, ServerError
+from chat_core import ServerError
+from chat_core.openenv_client import OpenEnvServer
 from chat_core.prepare import main
+from chat_core.rows import EpisodeRef
 from test_support import SAMPLE_ENV, ServedBundle
 from test_support.loopback import LoopbackServer, Request
 
@@ -121,14 +123,13 @@ def test_the_task_api_client_reads_the_server(sample_env: ServedBundle) -> None:
             return (
                 await server.env_name(),
                 await server.splits(),
-                await server.num_tasks("happy"),
                 await server.tasks("all"),
                 refused.value,
             )
 
-    env_name, splits, happy, tasks, refused = asyncio.run(read())
+    env_name, splits, tasks, refused = asyncio.run(read())
 
-    assert (env_name, splits, happy) == (SAMPLE_ENV, ["all", "happy"], 4)
+    assert (env_name, splits) == (SAMPLE_ENV, ["all", "happy"])
     assert [(task.index, task.name, task.id, task.prompt) for task in tasks] == [
         (task["index"], task["name"], task["id"], task["prompt"]) for task in sample_env.tasks()
     ]
@@ -209,6 +210,17 @@ def test_a_failure_after_the_task_api_leaves_nothing(tmp_path: Path, capsys) -> 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("route", "status"), [("/list_environments", 200), ("/stub/splits", 500)])
+def test_an_answer_nested_too_deeply_is_refused(route: str, status: int, tmp_path: Path, capsys) -> None:
+    # Python's JSON parser raises RecursionError on this, where other text that isn't JSON gets a ValueError.
+    with _TaskApi(tasks=[], deep=(route, status)) as server:
+        code, err = _prepare(server.url, tmp_path / "rows", capsys)
+
+    assert code == 1
+    assert err.startswith(f"prepare: {server.url} answered GET {route}") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_concurrency_below_one_is_a_usage_error(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["http://127.0.0.1:1", str(tmp_path / "rows"), "--concurrency", "0"])
@@ -232,19 +244,22 @@ def test_chat_core_loads_nothing_of_the_server() -> None:
 
 
 class _TaskApi(LoopbackServer):
-    """A stand-in for an OpenEnv server's Task API, serving ``tasks`` as its only split, ``all``."""
+    """A stand-in for an OpenEnv server's Task API, serving ``tasks`` as its only split, ``all``. ``deep``, a GET
+    route and a status, makes the route answer with that status and JSON nested too deeply to parse."""
 
-    def __init__(self, tasks: list[dict[str, Any]]):
+    def __init__(self, tasks: list[dict[str, Any]], deep: tuple[str, int] | None = None):
         self._answers = {
-            ("GET", "/list_environments"): ["stub"],
-            ("GET", "/stub/splits"): [{"name": "all", "type": "validation"}],
-            ("POST", "/stub/tasks"): {"tasks": tasks, "env_name": "stub"},
+            ("GET", "/list_environments"): (200, ["stub"]),
+            ("GET", "/stub/splits"): (200, [{"name": "all", "type": "validation"}]),
+            ("POST", "/stub/tasks"): (200, {"tasks": tasks, "env_name": "stub"}),
         }
+        if deep is not None:
+            route, status = deep
+            self._answers["GET", route] = (status, "[" * 100_000 + "]" * 100_000)
         super().__init__(name="task-api")
 
     def respond(self, request: Request) -> tuple[int, Any]:
-        answer = self._answers.get((request.method, request.path))
-        return (404, {"detail": "Not Found"}) if answer is None else (200, answer)
+        return self._answers.get((request.method, request.path), (404, {"detail": "Not Found"}))
 
 
 @contextlib.contextmanager

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import shutil
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -14,17 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chat_core import (
-    ChatEndpoint,
-    EpisodeResult,
-    EpisodeSession,
-    FlagKind,
-    Limits,
-    play,
-)
+from chat_core import ChatEndpoint, EpisodeResult, FlagKind, Limits, play
+from chat_core.openenv_client import EpisodeSession
 from chat_core.prepare import write_rows
 from test_support import (
     REWARDS,
+    SAMPLE_BUNDLE,
     SCRIPTS,
     TASKS,
     ScriptedModel,
@@ -42,6 +39,7 @@ from websockets.asyncio.server import ServerConnection, serve
 pytest_plugins = ["test_support.pytest_plugin"]
 
 Rows = dict[str, dict[str, Any]]
+TOO_DEEP = "[" * 100_000 + "]" * 100_000  # JSON nested far deeper than Python's parser can recurse
 EXTRA_TASKS = {
     "unscored": [
         {"id": "agent", "type": "deploy_agent", "agent_name": "agent"},
@@ -56,7 +54,27 @@ EXTRA_TASKS = {
          "criteria": [{"type": "response_regex_present", "criterion": "says hello", "pattern": "hello",
                        "flags": ["IGNORECASE"]}]},
     ],
+    "hurried": [
+        {"id": "warehouse", "type": "deploy_env", "env_id": "warehouse"},
+        {"id": "agent", "type": "deploy_agent", "agent_name": "agent", "env_ids": ["warehouse"]},
+        {"id": "ask", "type": "prompt_agent", "agent_name": "agent", "prompt_id": "ask", "poll_interval_seconds": 0.2,
+         "timeout_seconds": 2, "prompt": "Find the pears, quickly."},
+    ],
 }  # fmt: skip
+# A task whose first turn can't open: a script run before it raises. prepare refuses such a bundle, so it is served
+# on its own and its row written by hand.
+JAMMED_AT_RESET = [
+    {"id": "bay", "type": "deploy_sandbox", "sandbox_name": "bay", "sandbox_type": "local", "sandbox_mode": "vm"},
+    {"id": "jam", "type": "run_code", "script_artifact_id": "jam", "sandbox_name": "bay"},
+    {"id": "agent", "type": "deploy_agent", "agent_name": "agent"},
+    {"id": "ask", "type": "prompt_agent", "agent_name": "agent", "prompt_id": "ask", "prompt": "Unload the truck."},
+]
+
+
+def _as_sent(message: dict[str, Any]) -> Any:
+    """A completion holding ``message`` exactly as given, for the shapes servers other than OpenAI's write and the
+    scripted model's own replies don't (``broken`` sends any body as it is)."""
+    return broken(json.dumps({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}))
 
 
 def _rows_of(url: str, out: Path) -> Rows:
@@ -73,9 +91,11 @@ def rows(sample_env_server: ServedBundle, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.fixture(scope="module")
 def single_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedBundle]:
-    """A server of one session at a time, with a task that records no score and one that greets."""
+    """A server of one session at a time, with a task that records no score, one that greets, and one whose turn
+    times out after 2 s."""
     bundle = tmp_path_factory.mktemp("bundles") / "single-env"
     (bundle / "tasks").mkdir(parents=True)
+    shutil.copytree(SAMPLE_BUNDLE / "envs", bundle / "envs")
     for name, steps in EXTRA_TASKS.items():
         (bundle / "tasks" / f"{name}.json").write_text(json.dumps(steps))
     with serve_bundle(bundle, max_concurrent_envs=1) as served:
@@ -194,26 +214,6 @@ def test_a_tool_call_is_run_and_answered(sample_env: ServedBundle, rows: Rows, s
     assert first.headers["authorization"] == "Bearer played"
 
 
-def test_the_result_is_one_json_line(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
-    result = _play(sample_env, rows["fails_after_the_turn"], scripted_model, SCRIPTS["fails_after_the_turn"])
-
-    line = result.to_json()
-
-    assert "\n" not in line
-    trace = json.loads(line)
-    assert trace["episode"] == {
-        "split": "all",
-        "index": result.episode.index,
-        "task_id": result.episode.task_id,
-        "task_name": "fails_after_the_turn",
-    }
-    assert (trace["reward"], trace["scored"]) == (None, False)
-    assert [(flag["kind"], flag["fatal"]) for flag in trace["flags"]] == [("env_failed", True)]
-    assert trace["transcript"] == result.transcript
-    assert trace["turns"] == [{"model_calls": 1, "tool_calls": 0, "tool_errors": 0}]
-    assert set(trace["timings"]) == {"env_s", "model_s", "capacity_wait_s", "wall_s"}
-
-
 def test_each_turn_opens_with_its_prompt(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
     result = _play(sample_env, rows["two_turns"], scripted_model, SCRIPTS["two_turns"])
 
@@ -237,11 +237,55 @@ def test_a_tool_error_goes_back_to_the_model(
     assert [(turn.tool_calls, turn.tool_errors) for turn in result.turns] == [(2, 1)]
 
 
-@pytest.mark.parametrize("arguments", ['{"name": "pears"', '["pears"]', '"pears"'])
-def test_arguments_that_arent_an_object_are_answered_as_an_error(
-    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel, arguments: str
+def test_a_tool_call_without_an_id_and_with_arguments_as_an_object_is_run(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
 ) -> None:
-    steps = [tool_call("find_crate", arguments), *SCRIPTS["played"]]
+    call = {"type": "function", "function": {"name": "find_crate", "arguments": {"name": "pears"}}}
+    steps = [_as_sent({"role": "assistant", "content": None, "tool_calls": [call]}), *SCRIPTS["played"][1:]]
+
+    result = _play(sample_env, rows["played"], scripted_model, steps)
+
+    assert result.reward == 1.0 and result.flags == []
+    called, answered = result.transcript[2:4]
+    assert answered == {
+        "role": "tool",
+        "tool_call_id": called["tool_calls"][0]["id"],
+        "content": "The crate 'pears' is on shelf 9C.",
+    }
+
+
+def test_a_reply_in_text_parts_is_read_and_kept_without_empty_fields(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    parts = [{"type": "text", "text": "A "}, {"type": "text", "text": "banana."}]
+    steps = [_as_sent({"role": "assistant", "content": parts, "tool_calls": [], "function_call": None})]
+
+    result = _play(sample_env, rows["reply_only"], scripted_model, steps)
+
+    assert result.reward == 1.0 and result.flags == []
+    assert result.transcript[-1] == {"role": "assistant", "content": parts}
+
+
+def test_blank_arguments_are_no_arguments(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
+    steps = [tool_call("list_crates", " "), *SCRIPTS["played"]]
+
+    result = _play(sample_env, rows["played"], scripted_model, steps)
+
+    assert result.reward == 1.0 and result.flags == []
+    assert "pears" in result.transcript[3]["content"]
+    assert [(turn.tool_calls, turn.tool_errors) for turn in result.turns] == [(2, 0)]
+
+
+@pytest.mark.parametrize("arguments", ['{"name": "pears"', '["pears"]', '"pears"', TOO_DEEP, 7])
+def test_arguments_that_arent_an_object_are_answered_as_an_error(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel, arguments: str | int
+) -> None:
+    if isinstance(arguments, str):
+        called = tool_call("find_crate", arguments)
+    else:
+        call = {"id": "call_7", "type": "function", "function": {"name": "find_crate", "arguments": arguments}}
+        called = _as_sent({"role": "assistant", "tool_calls": [call]})
+    steps = [called, *SCRIPTS["played"]]
 
     result = _play(sample_env, rows["played"], scripted_model, steps)
 
@@ -252,12 +296,48 @@ def test_arguments_that_arent_an_object_are_answered_as_an_error(
     assert [(turn.tool_calls, turn.tool_errors) for turn in result.turns] == [(2, 1)]
 
 
+def test_a_reply_cut_at_the_token_limit_is_played_and_noted(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    steps = [text("Welcome to the ware", finish_reason="length"), text("Goodbye!")]
+
+    result = _play(sample_env, rows["two_turns"], scripted_model, steps)
+
+    assert result.reward == 1.0 and result.scored
+    assert _kinds(result) == [FlagKind.REPLY_TRUNCATED]
+    assert result.flags[0].message.startswith("turn 1: ")
+    assert not result.flags[0].fatal
+    assert len(result.turns) == 2
+
+
 def test_the_model_may_end_its_turn_itself(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
     result = _play(sample_env, rows["reply_only"], scripted_model, [tool_call("end_turn", {"response": "A banana."})])
 
     assert result.reward == 1.0 and result.flags == []
     assert result.transcript[-1]["role"] == "tool"
     assert result.turns[0].tool_calls == 0
+
+
+def test_end_turn_without_a_response_hands_back_the_replys_text(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    steps = [tool_call("end_turn", {}, content="A banana.")]
+
+    result = _play(sample_env, rows["reply_only"], scripted_model, steps)
+
+    assert result.reward == 1.0 and result.flags == []
+
+
+def test_end_turn_with_a_response_that_isnt_text_is_answered_as_an_error(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    steps = [tool_call("end_turn", {"response": ["A", "banana"]}), text("A banana.")]
+
+    result = _play(sample_env, rows["reply_only"], scripted_model, steps)
+
+    assert result.reward == 1.0 and result.scored
+    assert _kinds(result) == [FlagKind.BAD_TOOL_ARGUMENTS]
+    assert result.transcript[-2]["content"].startswith('error: end_turn takes {"response": string}')
 
 
 def test_calls_after_end_turn_are_not_run(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
@@ -316,6 +396,10 @@ def test_past_the_model_deadline_the_episode_is_abandoned(
     (error(500, "upstream exploded"), "upstream exploded"),
     (broken(), "isn't JSON"),
     (broken('{"choices": []}'), "without a choice"),
+    (broken(TOO_DEEP), "nested too deeply"),
+    (text("The crate of pe", finish_reason="abort"), "aborted the reply"),
+    (_as_sent({"role": "assistant", "tool_calls": [{"id": "call_1", "function": {}}]}), "aren't OpenAI tool calls"),
+    (_as_sent({"role": "assistant", "content": {"text": "A pear."}}), "neither text nor text parts"),
 ])  # fmt: skip
 def test_a_failed_chat_session_is_flagged(
     sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel, step: Any, says: str
@@ -346,6 +430,41 @@ def test_a_row_of_another_task_is_refused(sample_env: ServedBundle, rows: Rows, 
     assert scripted_model.requests == []
 
 
+def test_an_episode_the_env_cant_start_is_flagged(tmp_path: Path, scripted_model: ScriptedModel) -> None:
+    bundle = tmp_path / "jammed-env"
+    (bundle / "tasks").mkdir(parents=True)
+    (bundle / "tasks" / "jammed.json").write_text(json.dumps(JAMMED_AT_RESET))
+    (bundle / "artifacts" / "jam").mkdir(parents=True)
+    (bundle / "artifacts" / "jam" / "run.py").write_text("def run(input):\n    raise RuntimeError('jammed bay')\n")
+
+    with serve_bundle(bundle) as served:
+        [task] = served.tasks()
+        metadata = {
+            "episode": {"split": "all", "index": 0, "task_id": task["id"], "task_name": task["name"]},
+            "server": {"url": served.url, "env_name": served.env_name},
+            "tools": [],
+        }
+        result = _play(served, metadata, scripted_model, [text("Hello.")])
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.ENV_FAILED]
+    assert "jammed bay" in result.flags[0].message
+    assert (result.transcript, result.turns, scripted_model.requests) == ([], [], [])
+
+
+def test_a_turn_that_times_out_during_a_tool_call_ends_the_episode(
+    single: ServedBundle, single_rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    steps = [delay(3, tool_call("find_crate", {"name": "pears"})), text("Shelf 9C.")]
+
+    result = _play(single, single_rows["hurried"], scripted_model, steps)
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.ENV_FAILED]
+    assert "TimeoutError" in result.flags[0].message
+    assert len(scripted_model.requests) == 1
+
+
 def test_an_episode_without_a_reward_is_flagged(
     single: ServedBundle, single_rows: Rows, scripted_model: ScriptedModel
 ) -> None:
@@ -370,14 +489,16 @@ def test_a_full_server_is_waited_for(single: ServedBundle, single_rows: Rows, sc
     result = asyncio.run(scenario())
 
     assert result.reward == 1.0 and result.scored
-    assert result.timings.capacity_wait_s > 0
+    timings = result.timings
+    assert timings.capacity_wait_s > 0
+    assert timings.env_s + timings.model_s + timings.capacity_wait_s <= timings.wall_s
 
 
 def test_a_server_full_for_too_long_is_flagged(
     single: ServedBundle, single_rows: Rows, scripted_model: ScriptedModel
 ) -> None:
     async def scenario() -> EpisodeResult:
-        async with _held(single, single_rows["unscored"]):
+        async with _held(single, single_rows["unscored"]), asyncio.timeout(60):  # a guard against a wait without end
             result = await play(single_rows["greets"], _chat(scripted_model, "gives_up"), {}, Limits(capacity_wait_s=1))
         await _closed(single)
         return result
@@ -388,6 +509,9 @@ def test_a_server_full_for_too_long_is_flagged(
     assert _kinds(result) == [FlagKind.CAPACITY_EXHAUSTED]
     assert "all 1 of its sessions" in result.flags[0].message
     assert scripted_model.requests == []
+    timings = result.timings
+    assert timings.capacity_wait_s >= 1
+    assert timings.env_s + timings.capacity_wait_s <= timings.wall_s
 
 
 def test_cancelling_closes_the_episode(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
@@ -435,25 +559,42 @@ def test_an_unreachable_env_server_is_flagged(rows: Rows, scripted_model: Script
 
 
 @pytest.mark.parametrize(("answer", "says"), [
-    ({"type": "error", "data": {"code": "EXECUTION_ERROR", "message": "the env broke"}}, "the env broke"),
+    ({"type": "error", "data": {"code": "EXECUTION_ERROR", "message": "it broke"}}, "EXECUTION_ERROR: it broke"),
     (None, "the session closed"),
     ("not json", "isn't JSON"),
+    (TOO_DEEP, "nested too deeply"),
+    ({"type": "observation", "data": {"observation": {}, "done": False}}, "neither ended the episode nor opened"),
+    ({"type": "observation", "data": {"observation": {}, "done": True, "reward": "1.0"}}, "reward that isn't a number"),
 ])  # fmt: skip
 def test_an_env_server_breaking_the_protocol_is_flagged(scripted_model: ScriptedModel, answer: Any, says: str) -> None:
-    async def scenario() -> EpisodeResult:
-        async with _fake_env(answer) as url:
-            metadata = {
-                "episode": {"split": "all", "index": 0, "task_id": "fake", "task_name": "fake"},
-                "server": {"url": url, "env_name": "fake"},
-                "tools": [],
-            }
-            return await play(metadata, _chat(scripted_model, "fake"), {}, Limits())
-
-    result = asyncio.run(scenario())
+    result = _play_on_fake_env(answer, scripted_model)
 
     assert result.reward is None and not result.scored
     assert _kinds(result) == [FlagKind.PROTOCOL_ERROR]
     assert says in result.flags[0].message
+
+
+def test_an_episode_the_env_ends_as_its_turn_opens_is_not_played(scripted_model: ScriptedModel) -> None:
+    # The real server ends an episode at list_tools only when its run fails between a turn opening and the listing,
+    # which can't be made to happen on cue.
+    metadata = {"status": "error", "error": "RuntimeError: the warehouse flooded"}
+    ended = {"type": "observation", "data": {"observation": {"tools": []}, "done": True, "metadata": metadata}}
+
+    result = _play_on_fake_env(ended, scripted_model)
+
+    assert _kinds(result) == [FlagKind.ENV_FAILED]
+    assert "the warehouse flooded" in result.flags[0].message
+    assert scripted_model.requests == []
+
+
+def test_a_reward_that_isnt_finite_is_no_reward(scripted_model: ScriptedModel) -> None:
+    # agent-env scores 1.0, 0.0 or None, but JSON from Python may carry NaN, which no trainer should get.
+    ended = {"type": "observation", "data": {"observation": {}, "done": True, "reward": math.nan}}
+
+    result = _play_on_fake_env(ended, scripted_model)
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.NO_REWARD]
 
 
 def test_metadata_prepare_didnt_write_is_refused_up_front() -> None:
@@ -476,6 +617,22 @@ async def _held(server: ServedBundle, metadata: dict[str, Any]):
     async with EpisodeSession(server.url) as session:
         await session.reset(metadata["episode"]["split"], metadata["episode"]["index"])
         yield
+
+
+def _play_on_fake_env(answer: Any, model: ScriptedModel) -> EpisodeResult:
+    """The task ``fake`` played on ``_fake_env(answer)``, the model replying ``Hello.`` should it be asked."""
+    model.script([text("Hello.")], session="fake")
+
+    async def scenario() -> EpisodeResult:
+        async with _fake_env(answer) as url:
+            metadata = {
+                "episode": {"split": "all", "index": 0, "task_id": "fake", "task_name": "fake"},
+                "server": {"url": url, "env_name": "fake"},
+                "tools": [],
+            }
+            return await play(metadata, _chat(model, "fake"), {}, Limits())
+
+    return asyncio.run(scenario())
 
 
 @asynccontextmanager

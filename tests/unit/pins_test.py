@@ -1,4 +1,5 @@
-"""The third_party pin tool: a pin comes from a named git directory, exactly at its commit, or fails saying how."""
+"""The third_party pin tool: a pin comes from a named git directory, exactly at its commit, or fails saying how; and
+what ./bazelw runs, which clones a missing pin when git reaches its URL, and otherwise says how to provide it."""
 
 import subprocess
 from pathlib import Path
@@ -30,8 +31,8 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "cache"
 
 
-def _pin(monkeypatch: pytest.MonkeyPatch, commit: str) -> None:
-    monkeypatch.setitem(pins.PINS, "demo", {"url": "https://example.invalid/demo.git", "commit": commit})
+def _pin(monkeypatch: pytest.MonkeyPatch, commit: str, url: str = "https://example.invalid/demo.git") -> None:
+    monkeypatch.setitem(pins.PINS, "demo", {"url": url, "commit": commit})
 
 
 def test_a_missing_pin_says_how_to_provide_it(cache, capsys):
@@ -73,3 +74,37 @@ def test_a_folder_that_is_no_git_repository_is_refused(cache, monkeypatch, tmp_p
     _pin(monkeypatch, "0" * 40)
     with pytest.raises(pins.PinUnavailable, match="neither a git checkout nor a git directory"):
         pins.fetch("demo", tmp_path)
+
+
+def test_a_missing_pin_is_cloned_when_git_reaches_its_url(cache, upstream, monkeypatch):
+    repo, older, _ = upstream
+    _pin(monkeypatch, older, url=str(repo))
+    tree = pins.ensure("demo")
+    assert (tree / "version.txt").read_text() == "first"
+    assert pins.path_of("demo") == tree
+
+
+def test_a_pin_in_the_cache_is_used_without_asking_its_url(cache, upstream, monkeypatch, tmp_path):
+    repo, older, _ = upstream
+    _pin(monkeypatch, older)
+    tree = pins.fetch("demo", repo)
+    _pin(monkeypatch, older, url=str(tmp_path / "gone.git"))
+    assert pins.ensure("demo") == tree
+
+
+def test_a_pin_git_cant_reach_says_how_to_provide_it(cache, monkeypatch, tmp_path, capsys):
+    nowhere = str(tmp_path / "nowhere.git")
+    monkeypatch.setattr(pins, "PINS", {"demo": {"url": nowhere, "commit": "0" * 40}})
+    assert pins.main(["ensure"]) == 1
+    message = capsys.readouterr().err
+    assert f"git can't reach {nowhere}" in message
+    assert "python third_party/pins.py fetch demo --from DIR" in message
+    assert not (cache / "third_party").exists()
+
+
+def test_a_reachable_url_without_the_commit_says_how_to_provide_it(cache, upstream, monkeypatch):
+    repo, _, _ = upstream
+    _pin(monkeypatch, "0" * 40, url=str(repo))
+    with pytest.raises(pins.PinUnavailable, match="fetch demo --from DIR"):
+        pins.ensure("demo")
+    assert [p.name for p in (cache / "third_party").iterdir()] == []

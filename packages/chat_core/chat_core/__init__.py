@@ -3,56 +3,30 @@
 reward or the flags that say why it has none. It needs only httpx, websockets and tqdm, so it installs into a
 trainer's environment without the env server's packages."""
 
-from chat_core.episode import (
-    FATAL,
-    ChatEndpoint,
-    EpisodeResult,
-    Flag,
-    FlagKind,
-    Limits,
-    Timings,
-    TurnCounts,
-    play,
-)
-from chat_core.openenv_client import (
+from chat_core.episode import FATAL, ChatEndpoint, EpisodeResult, Flag, FlagKind, Limits, play
+from chat_core.errors import (
     CapacityExhausted,
-    CapacityWait,
     EpisodeProtocolError,
-    EpisodeSession,
     InvalidServerUrl,
     NotAnOpenEnvServer,
-    Observation,
     OpenEnvError,
-    OpenEnvServer,
     ServerError,
     ServerUnreachable,
-    TaskInfo,
-    Tool,
 )
-from chat_core.rows import EpisodeRef
 
 __all__ = [
     "FATAL",
     "CapacityExhausted",
-    "CapacityWait",
     "ChatEndpoint",
     "EpisodeProtocolError",
-    "EpisodeRef",
     "EpisodeResult",
-    "EpisodeSession",
     "Flag",
     "FlagKind",
     "InvalidServerUrl",
     "Limits",
     "NotAnOpenEnvServer",
-    "Observation",
     "OpenEnvError",
-    "OpenEnvServer",
     "ServerError",
     "ServerUnreachable",
-    "TaskInfo",
-    "Timings",
-    "Tool",
-    "TurnCounts",
     "play",
 ]

@@ -19,20 +19,15 @@ import math
 import ssl
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 import httpx
 
-from chat_core.openenv_client import (
-    CapacityExhausted,
-    CapacityWait,
-    EpisodeSession,
-    Observation,
-    OpenEnvError,
-    ServerUnreachable,
-)
+from chat_core._json import parse_json
+from chat_core.errors import CapacityExhausted, OpenEnvError, ServerUnreachable
+from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation
 from chat_core.rows import EpisodeRef
 
 END_TURN = "end_turn"
@@ -45,6 +40,8 @@ class FlagKind(StrEnum):
 
     - ``bad_tool_arguments``: a tool call's arguments weren't a JSON object; the model got a tool error instead.
     - ``tool_call_limit``: the model called more tools in a turn than allowed; the turn ended with its latest text.
+    - ``reply_truncated``: a reply stopped at the model's token limit (finish reason ``length``); it was played as
+      it came, so the reward may be for a cut answer or a cut tool call.
 
     Fatal (in ``FATAL``), leaving the episode unscored:
 
@@ -60,6 +57,7 @@ class FlagKind(StrEnum):
 
     BAD_TOOL_ARGUMENTS = "bad_tool_arguments"
     TOOL_CALL_LIMIT = "tool_call_limit"
+    REPLY_TRUNCATED = "reply_truncated"
     ENV_FAILED = "env_failed"
     SESSION_FAILED = "session_failed"
     NO_REWARD = "no_reward"
@@ -71,7 +69,7 @@ class FlagKind(StrEnum):
     TASK_MISMATCH = "task_mismatch"
 
 
-FATAL = frozenset(FlagKind) - {FlagKind.BAD_TOOL_ARGUMENTS, FlagKind.TOOL_CALL_LIMIT}
+FATAL = frozenset(FlagKind) - {FlagKind.BAD_TOOL_ARGUMENTS, FlagKind.TOOL_CALL_LIMIT, FlagKind.REPLY_TRUNCATED}
 
 
 @dataclass(frozen=True)
@@ -157,36 +155,16 @@ class EpisodeResult:
         """Whether the reward can be trained on: the env gave one and no fatal flag was raised."""
         return self.reward is not None and not any(flag.fatal for flag in self.flags)
 
-    def to_json(self) -> str:
-        """The whole result as one JSON line (no trailing newline), for a trace of every episode."""
-        return json.dumps(
-            {
-                "episode": self.episode.identity(),
-                "server": self.episode.server_url,
-                "reward": self.reward,
-                "scored": self.scored,
-                "flags": [flag.as_dict() for flag in self.flags],
-                "turns": [asdict(turn) for turn in self.turns],
-                "timings": asdict(self.timings),
-                "transcript": self.transcript,
-            },
-            sort_keys=True,
-            ensure_ascii=False,
-        )
-
 
 async def play(
     metadata: Mapping[str, Any],
     chat: ChatEndpoint,
     sampling: Mapping[str, Any],
     limits: Limits,
-    *,
-    client: httpx.AsyncClient | None = None,
 ) -> EpisodeResult:
     """Play the episode of a row's ``metadata`` (a row written by ``python -m chat_core.prepare``, as slime and
     Miles hand it to a rollout) with the model at ``chat``, and return how it went. ``sampling`` goes into every
-    chat request's JSON body as it is (e.g. ``temperature``, SGLang's ``top_k``). ``client`` sends the chat
-    requests; without one, ``play`` opens its own and closes it.
+    chat request's JSON body as it is (e.g. ``temperature``, SGLang's ``top_k``).
 
     Every failure of the env, the chat endpoint or the model is a flag on the result. Raises ValueError before
     anything starts when ``metadata`` isn't a row's or ``sampling`` sets ``model``, ``messages`` or ``tools``. When
@@ -198,7 +176,7 @@ async def play(
     game = _Game(episode, chat, dict(sampling), limits)
     began = time.monotonic()
     session = EpisodeSession(episode.server_url, capacity_wait=CapacityWait(total_s=limits.capacity_wait_s))
-    http = client or httpx.AsyncClient(timeout=None, verify=_tls())
+    http = httpx.AsyncClient(timeout=None, verify=_tls())
     try:
         await game.play(session, http)
     except OpenEnvError as e:
@@ -207,8 +185,7 @@ async def play(
         try:
             await session.close()
         finally:
-            if client is None:
-                await http.aclose()
+            await http.aclose()
             game.result.timings.capacity_wait_s = session.capacity_wait_s
             game.result.timings.env_s -= session.capacity_wait_s
             game.result.timings.wall_s = time.monotonic() - began
@@ -217,11 +194,13 @@ async def play(
 
 @dataclass(frozen=True)
 class _Reply:
-    """The model's answer, as the transcript keeps it, with its text and tool calls read out."""
+    """The model's answer, as the transcript keeps it, with its text and tool calls read out, and whether it was cut
+    at the model's token limit."""
 
     message: dict[str, Any]
     text: str
     tool_calls: list[dict[str, Any]]
+    truncated: bool
 
 
 class _ChatFailed(Exception):
@@ -299,6 +278,14 @@ class _Game:
                 return None
             counts.model_calls += 1
             self.result.transcript.append(reply.message)
+            if reply.truncated:
+                self.result.flags.append(
+                    Flag(
+                        FlagKind.REPLY_TRUNCATED,
+                        f"turn {len(self.result.turns)}: reply {counts.model_calls} was cut at the model's token limit "
+                        "(finish_reason 'length'); it was played as it came",
+                    )
+                )
             if not reply.tool_calls:
                 return await self._end_turn(session, reply.text)
             for position, call in enumerate(reply.tool_calls):
@@ -416,9 +403,9 @@ def _reply_of(response: httpx.Response, seen: int) -> _Reply:
     """The reply in a chat completion; raises _ChatFailed saying what is wrong with it. Tool calls without an id get
     one, unique in the episode, so each can be answered."""
     try:
-        completion = response.json()
-    except ValueError:
-        raise _ChatFailed(f"answered with something that isn't JSON: {_clipped(response.text)}") from None
+        completion = parse_json(response.content)
+    except ValueError as e:
+        raise _ChatFailed(f"answered with something that isn't JSON ({e}): {_clipped(response.text)}") from None
     choices = completion.get("choices") if isinstance(completion, dict) else None
     choice = choices[0] if isinstance(choices, list) and choices else None
     message = choice.get("message") if isinstance(choice, dict) else None
@@ -445,7 +432,7 @@ def _reply_of(response: httpx.Response, seen: int) -> _Reply:
         kept["tool_calls"] = calls
     else:
         kept.pop("tool_calls", None)
-    return _Reply(message=kept, text=text, tool_calls=calls)
+    return _Reply(message=kept, text=text, tool_calls=calls, truncated=choice.get("finish_reason") == "length")
 
 
 def _text_of(content: Any) -> str:
@@ -467,7 +454,7 @@ def _arguments_of(raw: Any) -> dict[str, Any] | str:
     if not isinstance(raw, str):
         return f"the arguments must be a JSON object, not {type(raw).__name__}"
     try:
-        parsed = json.loads(raw)
+        parsed = parse_json(raw)
     except ValueError as e:
         return f"the arguments aren't valid JSON ({e}): {_clipped(raw)}"
     if not isinstance(parsed, dict):

@@ -1,8 +1,8 @@
 """A client for an OpenEnv server of agentenv tasks: its Task API over HTTP, and one episode per WebSocket session.
 
 It speaks only the wire (JSON over HTTP and ``/ws``), so it runs in a trainer's environment without the server's
-packages. Every way the server can fail a caller is a subclass of ``OpenEnvError``, so a caller can tell a server
-that isn't there from one that is full or one that answered outside the protocol."""
+packages. Every way the server can fail a caller is one of ``chat_core.errors``, so a caller can tell a server that
+isn't there from one that is full or one that answered outside the protocol."""
 
 from __future__ import annotations
 
@@ -20,47 +20,20 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from chat_core._json import parse_json
+from chat_core.errors import (
+    CapacityExhausted,
+    EpisodeProtocolError,
+    InvalidServerUrl,
+    NotAnOpenEnvServer,
+    ServerError,
+    ServerUnreachable,
+)
+
 _CAPACITY_REACHED = "CAPACITY_REACHED"
 _CLOSE_TIMEOUT_S = 2.0
 _OPEN_TIMEOUT_S = 30.0
 _HTTP_TIMEOUT_S = 60.0
-
-
-class OpenEnvError(Exception):
-    """Anything that stops a caller from using an OpenEnv server as asked."""
-
-
-class InvalidServerUrl(OpenEnvError, ValueError):
-    """A server URL that isn't an absolute http(s) URL."""
-
-
-class ServerUnreachable(OpenEnvError):
-    """Nothing answered at the server's address: refused, timed out or unresolvable."""
-
-
-class NotAnOpenEnvServer(OpenEnvError):
-    """Something answered, but not as an OpenEnv server's Task API does."""
-
-
-class ServerError(OpenEnvError):
-    """The Task API refused a request or failed serving it (an HTTP 4xx or 5xx)."""
-
-    def __init__(self, message: str, status_code: int):
-        super().__init__(message)
-        self.status_code = status_code
-
-
-class CapacityExhausted(OpenEnvError):
-    """Every session the server allows stayed taken for as long as the caller agreed to wait."""
-
-    def __init__(self, message: str, max_sessions: int | None):
-        super().__init__(message)
-        self.max_sessions = max_sessions
-
-
-class EpisodeProtocolError(OpenEnvError):
-    """An episode's session answered outside the protocol: an error frame, a frame that isn't JSON or isn't the one
-    asked for, or a connection that closed while the episode was open."""
 
 
 @dataclass(frozen=True)
@@ -193,16 +166,6 @@ class OpenEnvServer:
             raise NotAnOpenEnvServer(f"{self.url} listed its splits as {_excerpt(answer)}")
         return [each["name"] for each in answer]
 
-    async def num_tasks(self, split: str) -> int:
-        """How many tasks ``split`` holds; ServerError (400) when the server has no such split."""
-        answer = await self._json(
-            "POST", f"/{await self.env_name()}/num_tasks", {"split": split}, what=f"the size of split {split!r}"
-        )
-        count = answer.get("num_tasks") if isinstance(answer, dict) else None
-        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            raise NotAnOpenEnvServer(f"{self.url} gave the size of split {split!r} as {_excerpt(answer)}")
-        return count
-
     async def tasks(self, split: str) -> list[TaskInfo]:
         """Every task of ``split``, by index; ServerError (400) when the server has no such split."""
         answer = await self._json(
@@ -235,10 +198,10 @@ class OpenEnvServer:
                 response.status_code,
             )
         try:
-            return response.json()
-        except ValueError:
+            return parse_json(response.content)
+        except ValueError as e:
             raise NotAnOpenEnvServer(
-                f"{self.url} answered {method} {path} with something that isn't JSON: {response.text[:200]!r}"
+                f"{self.url} answered {method} {path} with something that isn't JSON ({e}): {_excerpt(response.text)}"
             ) from None
 
 
@@ -366,9 +329,9 @@ class EpisodeSession:
                 f"the session closed while waiting for the answer to {what}: {_closing(e)}"
             ) from None
         try:
-            frame = json.loads(raw)
-        except ValueError:
-            raise EpisodeProtocolError(f"the answer to {what} isn't JSON: {_excerpt(raw)}") from None
+            frame = parse_json(raw)
+        except ValueError as e:
+            raise EpisodeProtocolError(f"the answer to {what} isn't JSON ({e}): {_excerpt(raw)}") from None
         if not isinstance(frame, dict):
             raise EpisodeProtocolError(f"the answer to {what} isn't a frame: {_excerpt(frame)}")
         return frame
@@ -457,7 +420,7 @@ def _closing(error: ConnectionClosed) -> str:
 
 def _detail(response: httpx.Response) -> str:
     try:
-        detail = response.json().get("detail")
+        detail = parse_json(response.content).get("detail")
     except (ValueError, AttributeError):
         detail = None
     return str(detail) if detail else _excerpt(response.text)

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from chat_core.openenv_client import CapacityWait, EpisodeSession, OpenEnvError, OpenEnvServer, TaskInfo, Tool
+from chat_core.errors import OpenEnvError
+from chat_core.openenv_client import CapacityWait, EpisodeSession, OpenEnvServer, TaskInfo, Tool
 from chat_core.rows import row_line, task_row
 
 DEFAULT_CONCURRENCY = 8

@@ -65,10 +65,6 @@ class EpisodeRef:
         fields["server_url"] = server_url(fields["server_url"])
         return cls(**fields)
 
-    def identity(self) -> dict[str, Any]:
-        """The episode's place and task, as a result reports them."""
-        return {"split": self.split, "index": self.index, "task_id": self.task_id, "task_name": self.task_name}
-
 
 def task_row(task: TaskInfo, tools: list[Tool], *, server: str, env_name: str) -> dict[str, Any]:
     """The row of ``task``, whose first turn offers ``tools``, served by ``env_name`` at ``server``."""

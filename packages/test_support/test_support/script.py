@@ -27,10 +27,12 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Reply:
-    """A chat completion: ``content``, and the tool calls that make its finish reason ``tool_calls``."""
+    """A chat completion: ``content``, and the tool calls that make its finish reason ``tool_calls``. The scripted
+    model sends ``finish_reason`` when one is set, in place of ``tool_calls`` or ``stop``."""
 
     content: str | None
     tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,10 @@ class Broken:
 Step = Reply | Delay | Error | Broken
 
 
-def text(content: str) -> Reply:
-    """A plain reply, finishing with ``stop``."""
-    return Reply(content)
+def text(content: str, *, finish_reason: str | None = None) -> Reply:
+    """A plain reply, finishing with ``stop``, or with ``finish_reason`` (``length``: cut at the token limit,
+    ``abort``: aborted by the server)."""
+    return Reply(content, finish_reason=finish_reason)
 
 
 def tool_call(name: str, arguments: Mapping[str, Any] | str | None = None, *, content: str | None = None) -> Reply:

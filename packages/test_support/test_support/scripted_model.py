@@ -99,7 +99,11 @@ class ScriptedModel(LoopbackServer):
             "created": int(time.time()),
             "model": body.get("model") or "scripted",
             "choices": [
-                {"index": 0, "message": message, "finish_reason": "tool_calls" if reply.tool_calls else "stop"}
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop"),
+                }
             ],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
         }

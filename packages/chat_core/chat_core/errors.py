@@ -1,0 +1,51 @@
+"""Every way an OpenEnv server can fail a caller of chat_core, as one hierarchy, so a caller catches as precisely
+as it needs: ``OpenEnvError`` for all of them, or one case. ``write_rows`` raises them; ``play`` turns the ones its
+episode's server raises into flags.
+
+    OpenEnvError
+    ├── InvalidServerUrl      (also a ValueError) the URL isn't an absolute http(s) URL
+    ├── ServerUnreachable     nothing answered at the address
+    ├── NotAnOpenEnvServer    something answered, but not as an OpenEnv server
+    ├── ServerError           the Task API refused or failed a request (HTTP 4xx, 5xx)
+    ├── CapacityExhausted     every session stayed taken for as long as the caller would wait
+    └── EpisodeProtocolError  an episode's session answered outside the protocol, or dropped
+"""
+
+from __future__ import annotations
+
+
+class OpenEnvError(Exception):
+    """Anything that stops a caller from using an OpenEnv server as asked."""
+
+
+class InvalidServerUrl(OpenEnvError, ValueError):
+    """A server URL that isn't an absolute http(s) URL."""
+
+
+class ServerUnreachable(OpenEnvError):
+    """Nothing answered at the server's address: refused, timed out or unresolvable."""
+
+
+class NotAnOpenEnvServer(OpenEnvError):
+    """Something answered, but not as an OpenEnv server's Task API does."""
+
+
+class ServerError(OpenEnvError):
+    """The Task API refused a request or failed serving it (an HTTP 4xx or 5xx)."""
+
+    def __init__(self, message: str, status_code: int):
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class CapacityExhausted(OpenEnvError):
+    """Every session the server allows stayed taken for as long as the caller agreed to wait."""
+
+    def __init__(self, message: str, max_sessions: int | None):
+        super().__init__(message)
+        self.max_sessions = max_sessions
+
+
+class EpisodeProtocolError(OpenEnvError):
+    """An episode's session answered outside the protocol: an error frame, a frame that isn't JSON or isn't the one
+    asked for, or a connection that closed while the episode was open."""
