@@ -1,6 +1,7 @@
 """``miles_helper.agent.run`` through Miles' own agentic rollout: Miles' parse_args, its session server (v1 and v2),
 ``InferenceRolloutFn`` → ``agentic_tool_call.generate`` → our agent → the real env server, then Miles' reward step
-and dynamic filter with ``miles_helper.reward`` and ``miles_helper.keep_scored_groups``."""
+and dynamic filter with ``miles_helper.reward`` and ``miles_helper.keep_scored_groups``; every sample carries the
+episode's outcome (``chat_core.EpisodeOutcome``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import miles_hooks
 import pytest
+from chat_core import EpisodeOutcome
 from miles.utils.types import Sample
 from miles_helper.agent import abort, run
 from test_support import delay, text, tool_call
@@ -66,8 +68,9 @@ def test_a_played_row_trains_the_models_tokens_and_masks_the_tool_output(miles, 
     for sample in samples:
         assert sample.status == Sample.Status.COMPLETED
         assert sample.reward == 1.0
-        assert sample.metadata["episode_reward"] == 1.0
-        assert sample.metadata["episode_flags"] == []
+        outcome = EpisodeOutcome.from_metadata(sample.metadata)
+        assert (outcome.reward, outcome.scored, outcome.flags) == (1.0, True, ())
+        assert (outcome.turns, outcome.model_calls, outcome.tool_calls) == (1, 2, 1)
         assert sample.metadata["tito_session_mismatch"] == []
         trained, masked = _spans(miles, sample)
         assert trained == [
@@ -101,10 +104,10 @@ def test_an_env_failure_is_flagged_and_its_group_left_out(miles, version):
     assert output.metrics == {"rollout/dynamic_filter/drop_env_failed": 1}
     (failed,) = _dropped("fails_after_the_turn")
     assert failed.reward is None
-    assert failed.metadata["episode_reward"] is None
-    (flag,) = failed.metadata["episode_flags"]
-    assert flag["kind"] == "env_failed"
-    assert flag["fatal"] is True
+    outcome = EpisodeOutcome.from_metadata(failed.metadata)
+    assert (outcome.reward, outcome.scored, outcome.reason) == (None, False, "env_failed")
+    (flag,) = outcome.flags
+    assert flag.kind == "env_failed" and flag.fatal
 
 
 def test_a_model_past_its_deadline_is_flagged_and_left_out(miles):
@@ -122,9 +125,9 @@ def test_a_model_past_its_deadline_is_flagged_and_left_out(miles):
     assert output.metrics == {"rollout/dynamic_filter/drop_model_deadline": 1}
     (late,) = _dropped("played")
     assert late.reward is None
-    (flag,) = late.metadata["episode_flags"]
-    assert flag["kind"] == "model_deadline"
-    assert f"model_deadline_s={miles_hooks.MODEL_DEADLINE_S}" in flag["message"]
+    (flag,) = EpisodeOutcome.from_metadata(late.metadata).flags
+    assert flag.kind == "model_deadline"
+    assert f"model_deadline_s={miles_hooks.MODEL_DEADLINE_S}" in flag.message
     trained, _ = _spans(miles, late)
     assert trained == ['<tool_call>\n{"name": "find_crate", "arguments": {"name": "pears"}}\n</tool_call><|im_end|>']
 
@@ -170,9 +173,10 @@ def test_abort_returns_the_episodes_it_cut_short_flagged(miles, env_server):
 
     outcome = asyncio.run(scenario())
 
-    assert outcome["episode_reward"] is None
-    (flag,) = outcome["episode_flags"]
-    assert (flag["kind"], flag["fatal"]) == ("rollout_aborted", True)
+    aborted = EpisodeOutcome.from_metadata(outcome)
+    assert (aborted.reward, aborted.reason) == (None, "rollout_aborted")
+    (flag,) = aborted.flags
+    assert (flag.kind, flag.fatal) == ("rollout_aborted", True)
     env_server.wait_until_closed(timeout=5)
 
 

@@ -56,6 +56,8 @@ def test_miles_loader_resolves_every_function_the_launch_names_and_the_agents_ab
 
     check_functions(args, paths, load_function)
     assert load_function(paths["--custom-rm-path"]) is miles_helper.reward
-    assert load_function(paths["--dynamic-sampling-filter-path"]) is miles_helper.keep_scored_groups
+    assert load_function(paths["--dynamic-sampling-filter-path"]) is miles_helper.keep_scored_nonzero_std_groups
+    assert load_function(paths["--custom-rollout-log-function-path"]) is miles_helper.log_rollout
+    assert load_function(paths["--custom-eval-rollout-log-function-path"]) is miles_helper.log_eval_rollout
     assert paths["--custom-agent-function-path"] == MILES_AGENT
     assert load_function(f"{MILES_AGENT.rpartition('.')[0]}.abort") is miles_helper.abort

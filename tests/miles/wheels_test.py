@@ -21,7 +21,8 @@ FUNCTIONS = {
     "miles_helper.agent.run": "miles_helper.agent.make_agent.<locals>.agent",
     "miles_helper.agent.abort": "miles_helper.agent.abort",
     "miles_helper.reward": "miles_helper.scoring.reward",
-    "miles_helper.keep_scored_groups": "miles_helper.scoring.keep_scored_groups",
+    "miles_helper.keep_scored_nonzero_std_groups": "miles_helper.scoring.keep_scored_nonzero_std_groups",
+    "miles_helper.log_rollout": "miles_helper.observability.log_rollout",
 }
 GPUS = 4
 

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from chat_core import EpisodeOutcome
 from chat_core.prepare import write_rows
 from launch import EVAL_SPLIT, THINKING_OFF, parse_slime_args, slime_command
 from rollout import on_slime_loop, sampling_params, split_response
@@ -81,10 +82,11 @@ async def _all(args, groups: list[list]) -> list:
 def _report(args, group: list) -> None:
     for episode in group:
         first = episode[0]
-        flags = ", ".join(f"{flag['kind']}: {flag['message']}" for flag in first.metadata["flags"]) or "none"
+        outcome = EpisodeOutcome.from_metadata(first.metadata)
+        flags = ", ".join(f"{flag.kind}: {flag.message}" for flag in outcome.flags) or "none"
         print(
             f"{first.metadata['episode']['task_name']:<22} reward {first.reward:.1f}  "
-            f"scored {first.metadata['scored']!s:<5}  {len(episode)} sample(s)  flags: {flags}"
+            f"scored {outcome.scored!s:<5}  {len(episode)} sample(s)  flags: {flags}"
         )
         for sample in episode:
             trained, masked = split_response(sample)

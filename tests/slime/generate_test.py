@@ -8,6 +8,7 @@ import copy
 import time
 
 import pytest
+from chat_core import EpisodeOutcome
 from launch import EVAL_SPLIT
 from rollout import group_of, on_slime_loop, rollout, sampling_params, split_response
 from slime.rollout.filter_hub.base_types import call_dynamic_filter, should_drop_dynamic_filter_output
@@ -28,6 +29,16 @@ def kept(args, played) -> tuple[bool, str | None]:
     return not dropped, output.reason
 
 
+def outcome_of(sample) -> EpisodeOutcome:
+    outcome = EpisodeOutcome.from_metadata(sample.metadata)
+    assert outcome is not None, f"no episode outcome in {sample.metadata}"
+    return outcome
+
+
+def kinds(sample) -> list[str]:
+    return [str(flag.kind) for flag in outcome_of(sample).flags]
+
+
 def eventually(check, what: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -44,7 +55,7 @@ def test_a_played_row_trains_the_tool_call_and_the_reply_and_masks_the_tool_answ
         [sample] = samples
         trained, masked = split_response(sample)
         assert sample.reward == REWARDS["played"] == 1.0
-        assert sample.metadata["scored"] is True and sample.metadata["flags"] == []
+        assert outcome_of(sample).scored and outcome_of(sample).flags == ()
         assert sample.metadata["episode"]["task_name"] == "played"
         assert tokenizer.decode(trained) == FIND_PEARS + PEARS_REPLY
         assert tokenizer.decode(masked).startswith("\n<|im_start|>user\n<tool_response>\n")
@@ -61,10 +72,10 @@ def test_an_episode_the_env_failed_is_flagged_and_the_filter_leaves_its_group_ou
     for samples in played:
         [sample] = samples
         assert sample.reward == 0.0
-        assert sample.metadata["scored"] is False and sample.metadata["reward"] is None
-        assert [flag["kind"] for flag in sample.metadata["flags"]] == ["env_failed"]
+        assert not outcome_of(sample).scored and outcome_of(sample).reward is None
+        assert kinds(sample) == ["env_failed"]
         assert sum(sample.loss_mask) > 0
-    assert kept(args, played) == (False, "unscored_episode")
+    assert kept(args, played) == (False, "env_failed")
 
 
 def test_an_episode_with_no_recorded_turn_is_one_aborted_sample_the_filter_leaves_out(launch, sglang):
@@ -76,9 +87,9 @@ def test_an_episode_with_no_recorded_turn_is_one_aborted_sample_the_filter_leave
         [sample] = samples
         assert sample.status == Sample.Status.ABORTED and sample.remove_sample
         assert sample.loss_mask == [0] and sample.reward == 0.0
-        assert [flag["kind"] for flag in sample.metadata["flags"]] == ["session_failed"]
-        assert "HTTP 500" in sample.metadata["flags"][0]["message"]
-    assert kept(args, played) == (False, "no_model_turn")
+        assert kinds(sample) == ["session_failed"]
+        assert "HTTP 500" in outcome_of(sample).flags[0].message
+    assert kept(args, played) == (False, "session_failed")
 
 
 def test_an_eval_returns_one_untrained_sample_per_episode_and_drops_the_sessions(launch, sglang, rows):
@@ -94,7 +105,7 @@ def test_an_eval_returns_one_untrained_sample_per_episode_and_drops_the_sessions
     assert evaluated["rewards"] == [REWARDS[name] for name in names] == [1.0] * len(names)
     for sample in evaluated["samples"]:
         assert sample.loss_mask == [0] and sample.remove_sample
-        assert sample.metadata["scored"] is True
+        assert outcome_of(sample).scored
     adapter = AdapterService.of(args).adapter
     sessions = {request["routing_key"] for request in sglang.requests[before:]}
     assert len(sessions) == len(names)
@@ -172,16 +183,16 @@ def test_episode_bounds_come_from_the_custom_config_and_a_bounded_episode_is_lef
 
     for samples in played:
         [sample] = samples
-        assert sample.metadata["scored"] is False
-        assert [flag["kind"] for flag in sample.metadata["flags"]] == ["turn_limit"]
-    assert kept(args, played) == (False, "unscored_episode")
+        assert not outcome_of(sample).scored
+        assert kinds(sample) == ["turn_limit"]
+    assert kept(args, played) == (False, "turn_limit")
 
 
 def test_the_adapter_refuses_to_start_without_the_dynamic_filter(launch, sglang, env_server):
     args = copy.copy(launch())
     args.dynamic_sampling_filter_path = None
 
-    with pytest.raises(MissingFilter, match=r"--dynamic-sampling-filter-path slime_helper\.generate\.keep_scored"):
+    with pytest.raises(MissingFilter, match=r"--dynamic-sampling-filter-path slime_helper\.keep_scored_groups"):
         rollout(args, group_of(args, "played"))
     assert env_server.open_episodes() == 0
 

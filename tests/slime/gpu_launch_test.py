@@ -10,7 +10,8 @@ import pytest
 from launch import parse_slime_args
 from launches import MAX_TURNS, TRAIN_SPLIT, Run, function_paths, slime_args, write_slime_config
 from slime.utils.misc import load_function
-from slime_helper.generate import episode_limits, generate, keep_scored_groups
+from slime_helper import keep_scored_nonzero_std_groups, log_eval_rollout, log_rollout
+from slime_helper.generate import episode_limits, generate
 from slime_helper.rewards import normalize_per_episode
 from test_support.gpu_launch import check_evals, check_functions, ready_to_parse
 
@@ -67,5 +68,7 @@ def test_slimes_loader_resolves_every_function_the_launch_names(launch):
 
     check_functions(args, paths, load_function)
     assert load_function(paths["--custom-generate-function-path"]) is generate
-    assert load_function(paths["--dynamic-sampling-filter-path"]) is keep_scored_groups
+    assert load_function(paths["--dynamic-sampling-filter-path"]) is keep_scored_nonzero_std_groups
+    assert load_function(paths["--custom-rollout-log-function-path"]) is log_rollout
+    assert load_function(paths["--custom-eval-rollout-log-function-path"]) is log_eval_rollout
     assert load_function(paths["--custom-reward-post-process-path"]) is normalize_per_episode

@@ -19,7 +19,7 @@ QWEN3_0_6B_FLAGS = [
 ]  # fmt: skip
 HELPER_FLAGS = [
     "--custom-generate-function-path", "slime_helper.generate.generate",
-    "--dynamic-sampling-filter-path", "slime_helper.generate.keep_scored_groups",
+    "--dynamic-sampling-filter-path", "slime_helper.keep_scored_groups",
     "--custom-reward-post-process-path", "slime_helper.rewards.normalize_per_episode",
     "--input-key", "messages",
     "--metadata-key", "metadata",

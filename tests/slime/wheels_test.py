@@ -15,7 +15,12 @@ from launches import Run, eval_splits, slime_args
 from test_support.checkpoint import QWEN3_4B, weightless_checkpoint
 from test_support.trainer_env import Installed, installed_extra
 
-FUNCTIONS = ("slime_helper.generate.generate", "slime_helper.generate.keep_scored_groups")
+FUNCTIONS = {
+    "slime_helper.generate.generate": "slime_helper.generate.generate",
+    "slime_helper.keep_scored_nonzero_std_groups": "slime_helper.filters.keep_scored_nonzero_std_groups",
+    "slime_helper.rewards.normalize_per_episode": "slime_helper.rewards.normalize_per_episode",
+    "slime_helper.log_rollout": "slime_helper.observability.log_rollout",
+}
 GPUS = 4
 
 
@@ -36,7 +41,7 @@ def test_the_wheels_need_only_chat_core_and_what_it_talks_to_the_env_server_with
 def test_slimes_loader_finds_the_generate_function_and_filter_in_the_installed_wheels(installed):
     loaded = installed.load_from_wheels("slime.utils.misc", FUNCTIONS, ["chat_core", "slime_helper"])
 
-    assert loaded == {path: path for path in FUNCTIONS}
+    assert loaded == FUNCTIONS
 
 
 def test_the_gpu_command_writes_the_rows_and_submits_slimes_train_py_with_the_launch_arguments(

@@ -1,9 +1,11 @@
 """The part of the trainer helpers that slime's and Miles' glue share: rows for a server's tasks
-(``python -m chat_core.prepare``), and ``play``, which plays a row's episode with the trainer's model and returns its
-reward or the flags that say why it has none. It needs only httpx, websockets and tqdm, so it installs into a
-trainer's environment without the env server's packages."""
+(``python -m chat_core.prepare``); ``play``, which plays a row's episode with the trainer's model and returns its
+reward or the flags that say why it has none; the episode's outcome as both helpers keep it in a sample
+(``EpisodeOutcome``), and the rules their filters and metrics share (``chat_core.filters``, ``chat_core.metrics``).
+It needs only httpx, websockets and tqdm, so it installs into a trainer's environment without the env server's
+packages."""
 
-from chat_core.episode import FATAL, ChatEndpoint, EpisodeResult, Flag, FlagKind, Limits, play
+from chat_core.episode import FATAL, ChatEndpoint, EpisodeResult, EpisodeTrace, Flag, FlagKind, Limits, play
 from chat_core.errors import (
     CapacityExhausted,
     EpisodeProtocolError,
@@ -13,17 +15,23 @@ from chat_core.errors import (
     ServerError,
     ServerUnreachable,
 )
+from chat_core.filters import MissingFilter
+from chat_core.outcome import OUTCOME_KEY, EpisodeOutcome
 
 __all__ = [
     "FATAL",
+    "OUTCOME_KEY",
     "CapacityExhausted",
     "ChatEndpoint",
+    "EpisodeOutcome",
     "EpisodeProtocolError",
     "EpisodeResult",
+    "EpisodeTrace",
     "Flag",
     "FlagKind",
     "InvalidServerUrl",
     "Limits",
+    "MissingFilter",
     "NotAnOpenEnvServer",
     "OpenEnvError",
     "ServerError",

@@ -13,15 +13,17 @@ unfinished episode is abandoned on the server without running its verifiers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import math
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -53,7 +55,9 @@ class FlagKind(StrEnum):
     - ``capacity_exhausted``: the env server stayed full for ``Limits.capacity_wait_s``.
     - ``env_unreachable``: the env server couldn't be reached.
     - ``protocol_error``: the env server answered outside the protocol, or dropped the session.
-    - ``task_mismatch``: the server serves another task at the row's place; the rows are stale."""
+    - ``task_mismatch``: the server serves another task at the row's place; the rows are stale.
+    - ``rollout_aborted``: the trainer aborted the rollout while the episode was playing (a helper's flag; ``play``
+      itself is cancelled then)."""
 
     BAD_TOOL_ARGUMENTS = "bad_tool_arguments"
     TOOL_CALL_LIMIT = "tool_call_limit"
@@ -67,6 +71,7 @@ class FlagKind(StrEnum):
     ENV_UNREACHABLE = "env_unreachable"
     PROTOCOL_ERROR = "protocol_error"
     TASK_MISMATCH = "task_mismatch"
+    ROLLOUT_ABORTED = "rollout_aborted"
 
 
 FATAL = frozenset(FlagKind) - {FlagKind.BAD_TOOL_ARGUMENTS, FlagKind.TOOL_CALL_LIMIT, FlagKind.REPLY_TRUNCATED}
@@ -156,15 +161,35 @@ class EpisodeResult:
         return self.reward is not None and not any(flag.fatal for flag in self.flags)
 
 
+class EpisodeTrace(Protocol):
+    """Where ``play`` reports the stretches of an episode as they happen, for a trainer's trace viewer: ``reset``,
+    ``list_tools``, ``model_call`` (attrs ``turn``), ``tool_call`` (``turn``, ``tool``; on return ``error``) and
+    ``end_turn`` (``turn``; on return ``episode_ended``, true when the env ran the verifiers and ended the episode).
+    ``span`` opens one with ``attrs``; the loop adds to the dict it yields what it learns by the end."""
+
+    def span(self, name: str, attrs: dict[str, Any]) -> AbstractContextManager[dict[str, Any]]: ...
+
+
+class _NoTrace:
+    """The trace of an episode nobody traces."""
+
+    @contextlib.contextmanager
+    def span(self, name: str, attrs: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        yield {}
+
+
 async def play(
     metadata: Mapping[str, Any],
     chat: ChatEndpoint,
     sampling: Mapping[str, Any],
     limits: Limits,
+    *,
+    trace: EpisodeTrace | None = None,
 ) -> EpisodeResult:
     """Play the episode of a row's ``metadata`` (a row written by ``python -m chat_core.prepare``, as slime and
     Miles hand it to a rollout) with the model at ``chat``, and return how it went. ``sampling`` goes into every
-    chat request's JSON body as it is (e.g. ``temperature``, SGLang's ``top_k``).
+    chat request's JSON body as it is (e.g. ``temperature``, SGLang's ``top_k``). ``trace`` receives the episode's
+    spans as they happen.
 
     Every failure of the env, the chat endpoint or the model is a flag on the result. Raises ValueError before
     anything starts when ``metadata`` isn't a row's or ``sampling`` sets ``model``, ``messages`` or ``tools``. When
@@ -173,7 +198,7 @@ async def play(
     episode = EpisodeRef.from_metadata(metadata)
     if clash := sorted(_RESERVED_BODY_KEYS & set(sampling)):
         raise ValueError(f"sampling sets {', '.join(clash)}, which play sends itself; leave them out")
-    game = _Game(episode, chat, dict(sampling), limits)
+    game = _Game(episode, chat, dict(sampling), limits, trace or _NoTrace())
     began = time.monotonic()
     session = EpisodeSession(episode.server_url, capacity_wait=CapacityWait(total_s=limits.capacity_wait_s))
     http = httpx.AsyncClient(timeout=None, verify=_tls())
@@ -210,11 +235,14 @@ class _ChatFailed(Exception):
 class _Game:
     """The state of one ``play``: the result being built and the limits that bound it."""
 
-    def __init__(self, episode: EpisodeRef, chat: ChatEndpoint, sampling: dict[str, Any], limits: Limits):
+    def __init__(
+        self, episode: EpisodeRef, chat: ChatEndpoint, sampling: dict[str, Any], limits: Limits, trace: EpisodeTrace
+    ):
         self.result = EpisodeResult(episode=episode)
         self._chat = chat
         self._sampling = sampling
         self._limits = limits
+        self._trace = trace
         self._system_prompt: str | None = None
 
     def fail(self, kind: FlagKind, message: str) -> None:
@@ -223,7 +251,7 @@ class _Game:
 
     async def play(self, session: EpisodeSession, http: httpx.AsyncClient) -> None:
         episode = self.result.episode
-        started = await self._env(session.reset(episode.split, episode.index))
+        started = await self._env("reset", session.reset(episode.split, episode.index))
         if started.done:
             return self._finish(started)
         served = (started.task or {}).get("id")
@@ -267,7 +295,7 @@ class _Game:
         """What ``end_turn`` answered, or None when the episode stopped during the turn (flagged)."""
         counts = self.result.turns[-1]
         calls = 0
-        listed = await self._env(session.list_tools())
+        listed = await self._env("list_tools", session.list_tools())
         if listed.done:
             self._finish(listed)
             return None
@@ -320,16 +348,21 @@ class _Game:
                     )
                     self._answer(call, f"error: {arguments}")
                     continue
-                answered = await self._env(session.call_tool(name, arguments))
-                if answered.done:
-                    self._finish(answered)
-                    return None
-                text, failed = _tool_answer(answered)
+                with self._trace.span("tool_call", {"turn": len(self.result.turns), "tool": name}) as end:
+                    answered = await self._env(None, session.call_tool(name, arguments))
+                    if answered.done:
+                        self._finish(answered)
+                        return None
+                    text, failed = _tool_answer(answered)
+                    end["error"] = failed
                 counts.tool_errors += failed
                 self._answer(call, text)
 
     async def _end_turn(self, session: EpisodeSession, response: str) -> Observation:
-        return await self._env(session.call_tool(END_TURN, {"response": response}))
+        with self._trace.span(END_TURN, {"turn": len(self.result.turns)}) as end:
+            ended = await self._env(None, session.call_tool(END_TURN, {"response": response}))
+            end["episode_ended"] = ended.done
+        return ended
 
     async def _ask(self, http: httpx.AsyncClient, tools: list[dict[str, Any]]) -> _Reply | None:
         """The model's reply, or None when the chat failed or the deadline passed (flagged)."""
@@ -337,8 +370,9 @@ class _Game:
         body = {**self._sampling, "model": self._chat.model, "messages": self.result.transcript, "tools": tools}
         began = time.monotonic()
         try:
-            async with asyncio.timeout(left):
-                response = await http.post(self._chat.url, json=body, headers=dict(self._chat.headers))
+            with self._trace.span("model_call", {"turn": len(self.result.turns)}):
+                async with asyncio.timeout(left):
+                    response = await http.post(self._chat.url, json=body, headers=dict(self._chat.headers))
         except TimeoutError:
             self.fail(
                 FlagKind.MODEL_DEADLINE,
@@ -363,10 +397,15 @@ class _Game:
             self.fail(FlagKind.SESSION_FAILED, f"the chat endpoint {self._chat.url} {e}")
             return None
 
-    async def _env(self, call: Any) -> Observation:
+    async def _env(self, span: str | None, call: Any) -> Observation:
+        """``call``'s observation, its time counted as the env's, in a trace span of its own when ``span`` names
+        one (a caller that adds attributes opens the span itself)."""
         began = time.monotonic()
         try:
-            return await call
+            if span is None:
+                return await call
+            with self._trace.span(span, {"turn": len(self.result.turns)}):
+                return await call
         finally:
             self.result.timings.env_s += time.monotonic() - began
 

@@ -3,12 +3,27 @@ the episode's reward as Miles' reward function, and the dynamic filter that keep
 Everything else (rows, the episode loop) is ``chat_core``'s, shared with slime's helper.
 
 Launch flags: ``--custom-agent-function-path miles_helper.agent.run --custom-rm-path miles_helper.reward
---dynamic-sampling-filter-path miles_helper.keep_scored_groups`` (with ``--custom-generate-function-path
+--dynamic-sampling-filter-path miles_helper.keep_scored_nonzero_std_groups`` (or ``miles_helper.keep_scored_groups``)
+``--custom-rollout-log-function-path miles_helper.log_rollout --custom-eval-rollout-log-function-path
+miles_helper.log_eval_rollout`` (with ``--custom-generate-function-path
 miles.rollout.generate_hub.agentic_tool_call.generate --use-session-server``). It imports Miles, so it runs in Miles'
 environment.
 """
 
-from miles_helper.agent import abort, make_agent, run
-from miles_helper.scoring import FilterMissing, keep_scored_groups, reward
+from chat_core import MissingFilter
 
-__all__ = ["FilterMissing", "abort", "keep_scored_groups", "make_agent", "reward", "run"]
+from miles_helper.agent import abort, make_agent, run
+from miles_helper.observability import log_eval_rollout, log_rollout
+from miles_helper.scoring import keep_scored_groups, keep_scored_nonzero_std_groups, reward
+
+__all__ = [
+    "MissingFilter",
+    "abort",
+    "keep_scored_groups",
+    "keep_scored_nonzero_std_groups",
+    "log_eval_rollout",
+    "log_rollout",
+    "make_agent",
+    "reward",
+    "run",
+]

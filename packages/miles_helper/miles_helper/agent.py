@@ -2,10 +2,11 @@
 
 Miles' ``agentic_tool_call.generate`` opens a session on its session server, calls the agent with the session's
 URL and the row, and turns whatever the model said through that session into training samples. The agent here plays
-the row's episode with ``chat_core.play`` against that session and returns the episode's outcome as metadata, which
-Miles copies onto every sample of the episode for ``miles_helper.reward`` and ``miles_helper.keep_scored_groups`` to
-read. Miles calls ``abort`` beside the agent when it aborts a rollout; it cancels the episodes still playing in this
-process, so each closes its env session and comes back flagged instead of playing on against an aborted model.
+the row's episode with ``chat_core.play`` against that session and returns the episode's outcome
+(``chat_core.EpisodeOutcome`` under ``chat_core.OUTCOME_KEY``) as metadata, which Miles copies onto every sample of
+the episode for ``miles_helper.reward``, its filters and its log functions to read. Miles calls ``abort`` beside the
+agent when it aborts a rollout; it cancels the episodes still playing in this process, so each closes its env session
+and comes back flagged instead of playing on against an aborted model.
 
 The agent takes no Miles arguments, so its limits are fixed when it is made: ``make_agent(limits)`` makes one with
 other limits, for a module of the user's own that also exports this ``abort``.
@@ -17,15 +18,11 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from chat_core import ChatEndpoint, EpisodeResult, Limits, play
+from chat_core import OUTCOME_KEY, ChatEndpoint, EpisodeOutcome, EpisodeResult, Limits, play
 
 MODEL = "default"
 """The ``model`` of every chat request. SGLang serves one model whatever the name, and a name with a ``:`` would ask
 it for a LoRA adapter, so this is the name Miles' own agents send."""
-
-REWARD_KEY = "episode_reward"
-FLAGS_KEY = "episode_flags"
-ROLLOUT_ABORTED = "rollout_aborted"
 
 Agent = Callable[..., Awaitable[dict[str, Any]]]
 
@@ -48,9 +45,9 @@ def make_agent(limits: Limits) -> Agent:
         first messages, which the env gives again) with the model behind Miles' session at ``base_url``, sending
         ``request_kwargs`` (Miles' sampling settings, SGLang's own keys included) in every request's body.
 
-        Returns the metadata Miles puts on every sample of the episode: ``episode_reward`` (None unless the episode
-        can be trained on), ``episode_flags`` (what went wrong, each with its kind, message and whether it left the
-        episode unscored) and ``agent_metrics.total_tool_time`` (seconds in the env, which Miles counts as time
+        Returns the metadata Miles puts on every sample of the episode: the episode's outcome under
+        ``chat_core.OUTCOME_KEY`` (its reward, None unless it can be trained on, its flags, counts and seconds) and
+        ``agent_metrics.total_tool_time`` (seconds in the env, which Miles counts as time
         spent outside generation). Raises ValueError when ``metadata`` isn't a row written by
         ``chat_core.prepare``; Miles logs it and leaves the sample aborted."""
         chat = ChatEndpoint(url=base_url.rstrip("/") + "/v1/chat/completions", model=MODEL)
@@ -75,7 +72,7 @@ run = make_agent(Limits())
 
 async def abort(args: Any) -> None:
     """Miles' abort hook: cancel every episode this process is playing and return once each has closed its env
-    session. Each agent then returns its episode flagged ``rollout_aborted``."""
+    session. Each agent then returns its episode's outcome flagged ``rollout_aborted``."""
     episodes = list(_playing)
     for episode in episodes:
         episode.cancel()
@@ -91,12 +88,11 @@ def _aborted(episode: asyncio.Task[EpisodeResult]) -> bool:
 
 def _outcome(result: EpisodeResult) -> dict[str, Any]:
     return {
-        REWARD_KEY: result.reward if result.scored else None,
-        FLAGS_KEY: [flag.as_dict() for flag in result.flags],
+        OUTCOME_KEY: EpisodeOutcome.of(result).to_metadata(),
         "agent_metrics": {"total_tool_time": result.timings.env_s},
     }
 
 
 def _aborted_outcome() -> dict[str, Any]:
     message = "Miles aborted the rollout while the episode was playing; its env session was closed unscored"
-    return {REWARD_KEY: None, FLAGS_KEY: [{"kind": ROLLOUT_ABORTED, "message": message, "fatal": True}]}
+    return {OUTCOME_KEY: EpisodeOutcome.aborted(message).to_metadata()}

@@ -1,14 +1,17 @@
 """The episode's reward as Miles' reward function (``--custom-rm-path miles_helper.reward``), and the dynamic
-sampling filter (``--dynamic-sampling-filter-path miles_helper.keep_scored_groups``) that keeps every group holding an
-unscored episode out of training.
+sampling filters (``--dynamic-sampling-filter-path``) on ``chat_core.filters``' rules:
 
-Both read the outcome ``miles_helper.agent`` leaves in each sample's metadata. An episode the env failed, that ended
-without a reward, ran past a limit or was aborted has no reward to train on. Its reward is None, Miles' own mark of
-a trial that errored (its eval logs count them as ``none_reward_ratio``), and the filter drops its group with the
-flag's kind as the reason, which Miles counts as ``rollout/dynamic_filter/drop_<kind>``. A failed episode doesn't
-raise: Miles would then lose its whole group without a count, stop an eval, or fail the rollout while it drains the
-episodes its abort cut short. Only the filter keeps a None out of training, so the reward refuses to leave an episode
-unscored in a run launched without it.
+- ``miles_helper.keep_scored_groups`` leaves out a group holding an episode with no reward to train on;
+- ``miles_helper.keep_scored_nonzero_std_groups`` also leaves out a scored group whose episodes all earned the same
+  reward (Miles' ``check_reward_nonzero_std``, applied per episode rather than per sample).
+
+All read the outcome ``miles_helper.agent`` leaves in each sample's metadata. An episode that can't be trained on
+gets reward None, Miles' own mark of a trial that errored (its eval logs count them as ``none_reward_ratio``), and the
+filters drop its group with the reason ``chat_core.filters`` gives, which Miles counts as
+``rollout/dynamic_filter/drop_<reason>``. A failed episode doesn't raise: Miles would then lose its whole group
+without a count, stop an eval, or fail the rollout while it drains the episodes its abort cut short. Only the filters
+keep a None out of training, so the reward refuses to score anything in a run launched without one of them: Miles
+hands the agent no launch arguments, so the first reward is the earliest point that can see them.
 """
 
 from __future__ import annotations
@@ -16,18 +19,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from chat_core import EpisodeOutcome
+from chat_core.filters import Episode, require_filter, scored_group_drop, scored_nonzero_std_group_drop
 from miles.rollout.filter_hub.base_types import DynamicFilterOutput
 from miles.utils.misc import load_function
 from miles.utils.types import Sample
-
-from miles_helper.agent import FLAGS_KEY, REWARD_KEY
-
-NO_OUTCOME = "no_episode_outcome"
-ABORTED = "sample_aborted"
-
-
-class FilterMissing(RuntimeError):
-    """An episode is unscored in a run whose dynamic filter wouldn't keep it out of training."""
 
 
 async def reward(
@@ -36,58 +32,47 @@ async def reward(
     """The reward of each sample's episode: a float when the env scored it, None when the episode can't be trained
     on. Takes one Sample (Miles' v1 session server) or a list (v2, or ``--group-rm``) and answers in kind.
 
-    Raises FilterMissing for an unscored episode when the run's ``--dynamic-sampling-filter-path`` isn't
-    ``miles_helper.keep_scored_groups``, since nothing else would keep its None out of training."""
+    Raises chat_core's MissingFilter when the run's ``--dynamic-sampling-filter-path`` isn't one of this helper's
+    filters, since nothing else would keep a None out of training."""
+    configured = args.dynamic_sampling_filter_path
+    require_filter("Miles", configured, configured and load_function(configured), FILTERS)
     if isinstance(sample_or_samples, list):
-        return [_reward_of(args, sample) for sample in sample_or_samples]
-    return _reward_of(args, sample_or_samples)
+        return [_reward_of(sample) for sample in sample_or_samples]
+    return _reward_of(sample_or_samples)
 
 
-def keep_scored_groups(args: Any, group: list[Sample] | list[list[Sample]]) -> DynamicFilterOutput:
-    """Keep a group only when every episode in it was scored. A group is a list of samples (v1) or a list of each
-    episode's samples (v2). A dropped group's reason is the kind of the first unscored episode's first fatal flag
-    (``env_failed``, ``model_deadline``, ``rollout_aborted``, ...), ``sample_aborted`` for a sample Miles aborted
-    itself (e.g. an episode that failed before the model spoke), or ``no_episode_outcome`` when no outcome of
-    ``miles_helper.agent`` reached the sample."""
-    for sample in _samples_of(group):
-        if (why := _unscored_because(sample)) is not None:
-            return DynamicFilterOutput(keep=False, reason=why)
-    return DynamicFilterOutput(keep=True)
+def keep_scored_groups(args: Any, group: list[Sample] | list[list[Sample]], **kwargs: Any) -> DynamicFilterOutput:
+    """Keep a group only when every episode in it can be trained on. A group is a list of samples (v1) or a list
+    of each episode's samples (v2)."""
+    return _output(scored_group_drop(list(_episodes(group))))
 
 
-def _reward_of(args: Any, sample: Sample) -> float | None:
-    value = sample.metadata.get(REWARD_KEY)
-    if value is None and load_function(args.dynamic_sampling_filter_path) is not keep_scored_groups:
-        raise FilterMissing(
-            f"the episode {sample.metadata.get('episode')} has no reward to train on "
-            f"({_unscored_because(sample)}: {_messages(sample)}), and only miles_helper.keep_scored_groups keeps "
-            f"it out of training; launch Miles with --dynamic-sampling-filter-path miles_helper.keep_scored_groups "
-            f"(it is {args.dynamic_sampling_filter_path!r})"
-        )
-    return value
+def keep_scored_nonzero_std_groups(
+    args: Any, group: list[Sample] | list[list[Sample]], **kwargs: Any
+) -> DynamicFilterOutput:
+    """``keep_scored_groups``, and leave out a group whose episodes all earned the same reward
+    (``same_reward_<reward>``), which gives GRPO no signal."""
+    return _output(scored_nonzero_std_group_drop(list(_episodes(group))))
 
 
-def _unscored_because(sample: Sample) -> str | None:
-    """Why ``sample``'s episode can't be trained on, as a filter reason; None when it can."""
-    flags = sample.metadata.get(FLAGS_KEY)
-    fatal = [flag["kind"] for flag in flags or () if flag.get("fatal")]
-    if fatal:
-        return fatal[0]
-    if sample.status == Sample.Status.ABORTED:
-        return ABORTED
-    if flags is None or sample.metadata.get(REWARD_KEY) is None:
-        return NO_OUTCOME
-    return None
+FILTERS = {
+    "miles_helper.keep_scored_groups": keep_scored_groups,
+    "miles_helper.keep_scored_nonzero_std_groups": keep_scored_nonzero_std_groups,
+}
+"""This helper's filters by the import path a launch names them with."""
 
 
-def _messages(sample: Sample) -> str:
-    flags = sample.metadata.get(FLAGS_KEY) or ()
-    return "; ".join(flag["message"] for flag in flags if flag.get("fatal")) or "no flag was recorded"
+def _reward_of(sample: Sample) -> float | None:
+    outcome = EpisodeOutcome.from_metadata(sample.metadata)
+    return outcome.reward if outcome is not None else None
 
 
-def _samples_of(group: list[Sample] | list[list[Sample]]) -> Iterator[Sample]:
+def _episodes(group: list[Sample] | list[list[Sample]]) -> Iterator[Episode]:
     for member in group:
-        if isinstance(member, list):
-            yield from member
-        else:
-            yield member
+        samples = member if isinstance(member, list) else [member]
+        outcome = EpisodeOutcome.from_metadata(samples[0].metadata)
+        yield Episode(outcome, any(sample.status == Sample.Status.ABORTED for sample in samples))
+
+
+def _output(reason: str | None) -> DynamicFilterOutput:
+    return DynamicFilterOutput(keep=reason is None, reason=reason)

@@ -25,6 +25,7 @@ _SAMPLE_FIELDS = (
     "remove_sample",
     "status",
     "metadata",
+    "trace",
 )
 
 
@@ -37,6 +38,10 @@ class Slime:
     load_tokenizer: Callable[..., Any]
     Sample: type
     DynamicFilterOutput: type
+    load_function: Callable[..., Any]
+    trace_span: Callable[..., Any]
+    log: Callable[..., Any]
+    compute_rollout_step: Callable[..., Any]
 
 
 @functools.cache
@@ -49,6 +54,14 @@ def slime() -> Slime:
     load_tokenizer = _find("slime.utils.processing_utils", "load_tokenizer", missing)
     sample = _find("slime.utils.types", "Sample", missing)
     filter_output = _find("slime.rollout.filter_hub.base_types", "DynamicFilterOutput", missing)
+    load_function = _find("slime.utils.misc", "load_function", missing)
+    trace_span = _find("slime.observability.trace_utils", "trace_span", missing)
+    log = _find("slime.observability.logging_utils", "log", missing)
+    rollout_step = _find("slime.observability.metric_utils", "compute_rollout_step", missing)
+    if trace_span is not None:
+        missing += _lacking("slime.observability.trace_utils.trace_span", trace_span, ("target", "name", "attrs"))
+    if log is not None:
+        missing += _lacking("slime.observability.logging_utils.log", log, ("args", "metrics", "step_key"))
     if adapter is not None:
         where = "slime.agent.adapters.OpenAIAdapter"
         missing += _lacking(where, adapter, ("tokenizer", "sglang_url", "tool_parser", "reasoning_parser"))
@@ -85,7 +98,7 @@ def slime() -> Slime:
             + f". slime_helper works with slime at commit {SUPPORTED_SLIME} (github.com/THUDM/slime); install that "
             "commit or one whose agent adapter offers these"
         )
-    return Slime(adapter, run_app, load_tokenizer, sample, filter_output)
+    return Slime(adapter, run_app, load_tokenizer, sample, filter_output, load_function, trace_span, log, rollout_step)
 
 
 def _find(module: str, name: str, missing: list[str]) -> Any:

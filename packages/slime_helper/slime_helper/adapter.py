@@ -15,17 +15,20 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from chat_core import ChatEndpoint
+from chat_core.filters import require_filter
 
 from slime_helper._slime import slime
-from slime_helper.errors import MissingEpisodeNormalization, MissingFilter, MissingToolParser
+from slime_helper.errors import MissingEpisodeNormalization, MissingToolParser
+from slime_helper.filters import FILTERS
 from slime_helper.rewards import normalizes_per_group
 
 
 class AdapterService:
     """slime's ``OpenAIAdapter`` for this process, listening on ``chat_url``. Raises MissingToolParser when slime
-    was launched without ``--sglang-tool-call-parser``, MissingFilter when it was launched without
-    ``--dynamic-sampling-filter-path``, MissingEpisodeNormalization when it normalises rewards per prompt group
-    without ``--custom-reward-post-process-path``, and UnsupportedSlime when slime lacks what it uses."""
+    was launched without ``--sglang-tool-call-parser``, chat_core's MissingFilter when its
+    ``--dynamic-sampling-filter-path`` isn't one of this helper's filters, MissingEpisodeNormalization when it
+    normalises rewards per prompt group without ``--custom-reward-post-process-path``, and UnsupportedSlime when
+    slime lacks what it uses."""
 
     _current: ClassVar[AdapterService | None] = None
 
@@ -37,12 +40,9 @@ class AdapterService:
                 "tool calls (e.g. --sglang-tool-call-parser qwen25 for Qwen models); without one every tool call "
                 "would reach the env as plain text and every episode would score 0"
             )
-        if not getattr(args, "dynamic_sampling_filter_path", None):
-            raise MissingFilter(
-                "slime_helper needs slime's --dynamic-sampling-filter-path slime_helper.generate.keep_scored_groups "
-                "(or a filter of yours that calls it): an episode the env or the model failed carries reward 0.0 "
-                "for slime's sake, and only that filter keeps it out of training"
-            )
+        api = slime()
+        configured = getattr(args, "dynamic_sampling_filter_path", None)
+        require_filter("slime", configured, configured and api.load_function(configured), FILTERS)
         if normalizes_per_group(args) and not getattr(args, "custom_reward_post_process_path", None):
             raise MissingEpisodeNormalization(
                 "slime_helper needs slime's --custom-reward-post-process-path slime_helper.rewards."
@@ -50,7 +50,6 @@ class AdapterService:
                 "normalisation on: an episode comes back as several samples, and slime's own normalisation would "
                 "then take one group over the whole batch and count a long episode once per sample"
             )
-        api = slime()
         tokenizer = api.load_tokenizer(args.hf_checkpoint, trust_remote_code=True)
         template_kwargs = dict(getattr(args, "apply_chat_template_kwargs", None) or {})
         if template_kwargs:

@@ -13,10 +13,6 @@ class MissingToolParser(SlimeSetupError):
     """slime was launched without ``--sglang-tool-call-parser``, so the adapter would read no tool call."""
 
 
-class MissingFilter(SlimeSetupError):
-    """slime was launched without ``--dynamic-sampling-filter-path``, so an unscored episode would train as 0."""
-
-
 class MissingEpisodeNormalization(SlimeSetupError):
     """slime normalises rewards per prompt group, but was launched without ``--custom-reward-post-process-path``, so
     an episode of several samples would be normalised against the whole batch, once per sample."""

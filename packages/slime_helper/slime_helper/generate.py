@@ -1,14 +1,14 @@
-"""slime's generate function and dynamic-sampling filter for rows of an OpenEnv server's agentenv tasks:
+"""slime's generate function for rows of an OpenEnv server's agentenv tasks:
 
     --custom-generate-function-path slime_helper.generate.generate
-    --dynamic-sampling-filter-path slime_helper.generate.keep_scored_groups
 
 Episode bounds are chat_core's defaults unless slime's ``--custom-config-path`` YAML sets ``episode_max_turns``,
 ``episode_max_tool_calls_per_turn`` or ``episode_model_deadline_s`` (slime puts its keys on ``args``).
 
 Per sample: open a session on the process's adapter → play the row's episode through it (``chat_core.play``) →
 ``finish_session``: the turns the adapter recorded, as samples carrying the episode's reward, so slime runs no
-reward model. An eval drops the session and returns one sample per episode.
+reward model. An eval drops the session and returns one sample per episode. The episode's spans go on the sample's
+trace as they happen, and its outcome (``chat_core.EpisodeOutcome``) into every sample's metadata.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
 
-from chat_core import EpisodeResult, Limits, play
+from chat_core import OUTCOME_KEY, EpisodeOutcome, EpisodeResult, Limits, play
 
 from slime_helper._slime import slime
 from slime_helper.adapter import AdapterService
+from slime_helper.observability import SampleTrace
 
 logger = logging.getLogger(__name__)
 _LIMIT_SETTINGS = {
@@ -45,21 +46,28 @@ async def generate(args: Namespace, sample: Any, sampling_params: dict[str, Any]
 
     The samples are the adapter's: one per stretch of turns it could join into one token sequence (a sample per
     turn when the chat template re-renders earlier turns differently, as Qwen3's does with thinking off), each with
-    the episode's reward (0.0 when it has none) and, in ``metadata``, the row's metadata plus ``reward``, ``scored``
-    and the episode's ``flags``. An episode with no turn recorded comes back as one aborted sample marked
-    ``remove_sample``. In an eval (``evaluation=True``) the session is dropped and the episode comes back as one
-    sample holding its reward with nothing to train, since slime's eval averages over samples.
+    the episode's reward (0.0 when it has none), the base sample's trace and, in ``metadata``, the row's metadata
+    plus the episode's outcome under ``chat_core.OUTCOME_KEY``. An episode with no turn recorded comes back as one
+    aborted sample marked ``remove_sample``. In an eval (``evaluation=True``) the session is dropped and the episode
+    comes back as one sample holding its reward with nothing to train, since slime's eval averages over samples.
 
-    Raises MissingToolParser without ``--sglang-tool-call-parser``, MissingFilter without
-    ``--dynamic-sampling-filter-path``, UnsupportedSlime when slime lacks what the helper uses, and ValueError when
-    the sample's metadata isn't a row's. When cancelled, drops the session, closes the episode without running its
-    verifiers and re-raises."""
+    Raises MissingToolParser without ``--sglang-tool-call-parser``, chat_core's MissingFilter unless
+    ``--dynamic-sampling-filter-path`` names one of this helper's filters, MissingEpisodeNormalization without
+    ``--custom-reward-post-process-path`` where slime normalises rewards per group, UnsupportedSlime when slime
+    lacks what the helper uses, and ValueError when the sample's metadata isn't a row's. When cancelled, drops the
+    session, closes the episode without running its verifiers and re-raises."""
     api = slime()
     service = AdapterService.of(args)
     sid = f"slime-helper-{uuid.uuid4().hex}"
     service.open_session(sid, {key: value for key, value in sampling_params.items() if value is not None})
     try:
-        result = await play(sample.metadata, service.chat(sid), _chat_sampling(sampling_params), episode_limits(args))
+        result = await play(
+            sample.metadata,
+            service.chat(sid),
+            _chat_sampling(sampling_params),
+            episode_limits(args),
+            trace=SampleTrace(sample),
+        )
         if not result.scored:
             logger.warning(
                 "%s episode %s is unscored: %s",
@@ -75,24 +83,11 @@ async def generate(args: Namespace, sample: Any, sampling_params: dict[str, Any]
             reward=_reward_of(result),
             extra_metadata=_metadata(sample, result),
         )
+        for played in samples:
+            played.trace = sample.trace
         return samples or [_untrained(sample, result, api.Sample.Status.ABORTED)]
     finally:
         await service.adapter.drop_session(sid)
-
-
-def keep_scored_groups(args: Namespace, samples: list) -> Any:
-    """slime's dynamic-sampling filter: leaves out a group holding an episode with no reward to train on, flagged
-    by the episode loop (reason ``unscored_episode``) or with no turn recorded (reason ``no_model_turn``), so
-    neither trains as a reward of 0. Episodes flagged only for something they survived (arguments that weren't an
-    object, the tool-call limit) are kept. ``samples`` is the group as slime hands it: samples, or a list of samples
-    per rollout."""
-    api = slime()
-    flat = [item for entry in samples for item in (entry if isinstance(entry, list) else [entry])]
-    if any(item.status == api.Sample.Status.ABORTED for item in flat):
-        return api.DynamicFilterOutput(keep=False, reason="no_model_turn")
-    if not all((item.metadata or {}).get("scored") for item in flat):
-        return api.DynamicFilterOutput(keep=False, reason="unscored_episode")
-    return api.DynamicFilterOutput(keep=True)
 
 
 def episode_limits(args: Namespace) -> Limits:
@@ -113,12 +108,7 @@ def _reward_of(result: EpisodeResult) -> float:
 
 
 def _metadata(sample: Any, result: EpisodeResult) -> dict[str, Any]:
-    return {
-        **(sample.metadata or {}),
-        "reward": result.reward,
-        "scored": result.scored,
-        "flags": [flag.as_dict() for flag in result.flags],
-    }
+    return {**(sample.metadata or {}), OUTCOME_KEY: EpisodeOutcome.of(result).to_metadata()}
 
 
 def _untrained(sample: Any, result: EpisodeResult, status: Any) -> Any:

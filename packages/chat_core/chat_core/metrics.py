@@ -1,0 +1,80 @@
+"""Per-episode metrics of a rollout step or an eval split, counted once per episode however many samples it came
+back as: the numbers both helpers' rollout-log functions hand to their trainer's own logger."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from chat_core.outcome import EpisodeOutcome
+
+
+def episode_metrics(outcomes: Sequence[EpisodeOutcome], samples: Sequence[int]) -> dict[str, float]:
+    """The metrics of the episodes ``outcomes``, whose samples number ``samples`` (one count per episode), under
+    names relative to the caller's prefix:
+
+    - ``episodes``; ``samples_per_episode``;
+    - ``reward_mean`` and ``reward_se`` (its standard error) over the scored episodes, ``zero_reward_share`` (the
+      share of scored episodes earning 0), ``scored_share``;
+    - ``unscored_share/<kind>``: the share of episodes left unscored for each reason;
+    - ``truncated_share``: the share of episodes with a reply cut by the token limit;
+    - ``turns``, ``tool_calls``, ``tool_errors``: ``…_mean`` and ``…_p90`` per episode;
+    - ``env_s_mean``, ``model_s_mean``, ``capacity_wait_s_mean``, ``wall_s_mean``: seconds per episode.
+
+    Raises ValueError when there are no episodes or the sample counts don't match them."""
+    if not outcomes or len(samples) != len(outcomes):
+        raise ValueError(f"{len(outcomes)} episodes with {len(samples)} sample counts; need one count per episode")
+    episodes = len(outcomes)
+    rewards = [outcome.reward for outcome in outcomes if outcome.scored and outcome.reward is not None]
+    metrics: dict[str, float] = {
+        "episodes": float(episodes),
+        "samples_per_episode": sum(samples) / episodes,
+        "scored_share": len(rewards) / episodes,
+        "truncated_share": sum(outcome.truncated for outcome in outcomes) / episodes,
+    }
+    if rewards:
+        metrics["reward_mean"] = statistics.fmean(rewards)
+        metrics["reward_se"] = statistics.stdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else 0.0
+        metrics["zero_reward_share"] = sum(reward == 0 for reward in rewards) / len(rewards)
+    for reason, count in Counter(outcome.reason for outcome in outcomes if not outcome.scored).items():
+        metrics[f"unscored_share/{reason}"] = count / episodes
+    for name in ("turns", "tool_calls", "tool_errors"):
+        values = [getattr(outcome, name) for outcome in outcomes]
+        metrics[f"{name}_mean"] = statistics.fmean(values)
+        metrics[f"{name}_p90"] = _p90(values)
+    for name in ("env_s", "model_s", "capacity_wait_s", "wall_s"):
+        metrics[f"{name}_mean"] = statistics.fmean(getattr(outcome, name) for outcome in outcomes)
+    return metrics
+
+
+def _p90(values: Sequence[float]) -> float:
+    """The 90th percentile, by nearest rank."""
+    ordered = sorted(values)
+    return float(ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)])
+
+
+def rollout_of(sample: Any) -> Any:
+    """The episode a trainer's training sample belongs to: its ``rollout_id``, which slime's adapter and Miles give
+    every sample of an episode, or its ``index`` where the trainer left that unset."""
+    return sample.rollout_id if sample.rollout_id is not None else sample.index
+
+
+def sample_metrics(samples: Sequence[Any], episode_of: Callable[[Any], Any]) -> dict[str, float]:
+    """``episode_metrics`` of the episodes a trainer's ``samples`` hold (``episode_of`` says which one a sample
+    belongs to), each counted once however many samples it has; samples without an outcome are left out, and no
+    outcome at all gives no metrics."""
+    episodes: dict[Any, tuple[EpisodeOutcome, int]] = {}
+    for sample in samples:
+        outcome = EpisodeOutcome.from_metadata(sample.metadata)
+        if outcome is None:
+            continue
+        key = episode_of(sample)
+        _, seen = episodes.get(key, (outcome, 0))
+        episodes[key] = (outcome, seen + 1)
+    if not episodes:
+        return {}
+    outcomes, counts = zip(*episodes.values(), strict=True)
+    return episode_metrics(list(outcomes), list(counts))

@@ -1,0 +1,84 @@
+"""An episode's outcome: the one record of how it went that both trainer helpers put in every sample of the
+episode (under ``OUTCOME_KEY`` in the sample's metadata) and that their filters and metrics read back, so slime and
+Miles describe an episode the same way.
+
+The outcome is plain JSON data, since trainers copy, pickle and dump sample metadata; ``to_metadata`` writes it and
+``from_metadata`` reads it back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from chat_core.episode import EpisodeResult, Flag, FlagKind
+
+OUTCOME_KEY = "episode_outcome"
+"""The key of a sample's metadata that holds its episode's outcome."""
+
+
+@dataclass(frozen=True)
+class EpisodeOutcome:
+    """How an episode went, as training and its logs need it.
+
+    ``reward`` is None unless the episode can be trained on (``scored``); ``reason`` is then the kind of its first
+    fatal flag. ``turns``, ``model_calls``, ``tool_calls`` and ``tool_errors`` count the whole episode; ``env_s``,
+    ``model_s``, ``capacity_wait_s`` and ``wall_s`` are its seconds in env calls, waiting for the model, waiting for
+    a free env session, and in all. ``truncated``: a reply was cut by the token limit."""
+
+    reward: float | None
+    scored: bool
+    reason: str | None
+    flags: tuple[Flag, ...]
+    turns: int
+    model_calls: int
+    tool_calls: int
+    tool_errors: int
+    env_s: float
+    model_s: float
+    capacity_wait_s: float
+    wall_s: float
+    truncated: bool
+
+    @classmethod
+    def of(cls, result: EpisodeResult) -> EpisodeOutcome:
+        """The outcome of a played episode."""
+        fatal = [flag for flag in result.flags if flag.fatal]
+        return cls(
+            reward=result.reward if result.scored else None,
+            scored=result.scored,
+            reason=str(fatal[0].kind) if fatal else None,
+            flags=tuple(result.flags),
+            turns=len(result.turns),
+            model_calls=sum(turn.model_calls for turn in result.turns),
+            tool_calls=sum(turn.tool_calls for turn in result.turns),
+            tool_errors=sum(turn.tool_errors for turn in result.turns),
+            env_s=result.timings.env_s,
+            model_s=result.timings.model_s,
+            capacity_wait_s=result.timings.capacity_wait_s,
+            wall_s=result.timings.wall_s,
+            truncated=any(flag.kind == FlagKind.REPLY_TRUNCATED for flag in result.flags),
+        )
+
+    @classmethod
+    def aborted(cls, message: str) -> EpisodeOutcome:
+        """The outcome of an episode the trainer cut short before it ended: unscored, flagged ``rollout_aborted``."""
+        flag = Flag(FlagKind.ROLLOUT_ABORTED, message)
+        return cls(None, False, str(flag.kind), (flag,), 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, False)
+
+    def to_metadata(self) -> dict[str, Any]:
+        """The outcome as JSON data, the value of ``OUTCOME_KEY`` in a sample's metadata."""
+        return {**asdict(self), "flags": [flag.as_dict() for flag in self.flags]}
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any] | None) -> EpisodeOutcome | None:
+        """The outcome a sample's metadata holds, or None when it holds none (a sample no helper of ours wrote).
+        Raises ValueError when ``OUTCOME_KEY`` holds something that isn't an outcome."""
+        value = (metadata or {}).get(OUTCOME_KEY)
+        if value is None:
+            return None
+        try:
+            flags = tuple(Flag(FlagKind(flag["kind"]), flag["message"]) for flag in value["flags"])
+            return cls(**{**value, "flags": flags})
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"metadata[{OUTCOME_KEY!r}] isn't an episode outcome ({e}): {value!r}") from None

@@ -1,0 +1,162 @@
+"""The episode's outcome as both helpers record it, the filter rules and per-episode metrics they share, and the
+spans ``play`` reports for a trace viewer, from episodes played on agent-env's real server with the scripted
+model."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from chat_core import OUTCOME_KEY, ChatEndpoint, EpisodeOutcome, EpisodeResult, FlagKind, Limits, play
+from chat_core.filters import Episode, scored_group_drop, scored_nonzero_std_group_drop
+from chat_core.metrics import episode_metrics
+from chat_core.prepare import write_rows
+from test_support import SCRIPTS, ScriptedModel, ServedBundle, text
+
+pytest_plugins = ["test_support.pytest_plugin"]
+
+
+@pytest.fixture(scope="module")
+def rows(sample_env_server: ServedBundle, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("rows") / "rows"
+    asyncio.run(write_rows(sample_env_server.url, out, progress=False))
+    lines = (out / "all.jsonl").read_text().splitlines()
+    return {row["metadata"]["episode"]["task_name"]: row["metadata"] for row in map(json.loads, lines)}
+
+
+class RecordedTrace:
+    """A trace that keeps each span as ``(name, attrs at start, attrs added by the end, seconds)``."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, dict[str, Any], dict[str, Any], float]] = []
+
+    @contextlib.contextmanager
+    def span(self, name: str, attrs: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        end: dict[str, Any] = {}
+        began = time.monotonic()
+        try:
+            yield end
+        finally:
+            self.spans.append((name, dict(attrs), end, time.monotonic() - began))
+
+
+def _played(model: ScriptedModel, metadata: dict[str, Any], steps: Any, trace: RecordedTrace | None = None):
+    session = metadata["episode"]["task_name"]
+    model.script(steps, session=session)
+    chat = ChatEndpoint(model.base_url + "/chat/completions", "policy", {"Authorization": f"Bearer {session}"})
+    return asyncio.run(play(metadata, chat, {}, Limits(), trace=trace))
+
+
+def test_the_outcome_counts_the_episode_and_survives_a_trip_through_json(sample_env, rows, scripted_model):
+    result = _played(scripted_model, rows["played"], SCRIPTS["played"])
+    outcome = EpisodeOutcome.of(result)
+
+    assert (outcome.reward, outcome.scored, outcome.reason, outcome.truncated) == (1.0, True, None, False)
+    assert (outcome.turns, outcome.model_calls, outcome.tool_calls, outcome.tool_errors) == (1, 2, 1, 0)
+    assert outcome.env_s > 0 and outcome.wall_s >= outcome.env_s + outcome.model_s
+    metadata = json.loads(json.dumps({OUTCOME_KEY: outcome.to_metadata()}))
+    assert EpisodeOutcome.from_metadata(metadata) == outcome
+    assert EpisodeOutcome.from_metadata({"episode": {}}) is None
+
+
+def test_an_unscored_outcome_names_its_first_fatal_flag_and_has_no_reward(sample_env, rows, scripted_model):
+    result = _played(scripted_model, rows["fails_after_the_turn"], SCRIPTS["fails_after_the_turn"])
+    outcome = EpisodeOutcome.of(result)
+
+    assert (outcome.reward, outcome.scored, outcome.reason) == (None, False, "env_failed")
+
+
+def test_a_reply_cut_at_the_token_limit_is_marked_truncated(sample_env, rows, scripted_model):
+    result = _played(scripted_model, rows["reply_only"], [text("A banana, which is", finish_reason="length")])
+
+    assert EpisodeOutcome.of(result).truncated and EpisodeOutcome.of(result).scored
+
+
+def test_an_aborted_outcome_is_unscored_with_its_own_kind():
+    outcome = EpisodeOutcome.aborted("the trainer aborted the rollout")
+
+    assert (outcome.reward, outcome.reason) == (None, "rollout_aborted")
+    assert outcome.flags[0].kind == FlagKind.ROLLOUT_ABORTED and outcome.flags[0].fatal
+
+
+def test_something_else_under_the_outcome_key_is_refused():
+    with pytest.raises(ValueError, match="isn't an episode outcome"):
+        EpisodeOutcome.from_metadata({OUTCOME_KEY: {"reward": 1.0}})
+
+
+def _outcome(reward: float | None, *, turns: int = 1, tool_calls: int = 0, reason: str | None = None):
+    return EpisodeOutcome(
+        reward=reward,
+        scored=reason is None and reward is not None,
+        reason=reason,
+        flags=(),
+        turns=turns,
+        model_calls=turns,
+        tool_calls=tool_calls,
+        tool_errors=0,
+        env_s=2.0,
+        model_s=1.0,
+        capacity_wait_s=0.0,
+        wall_s=3.5,
+        truncated=False,
+    )
+
+
+def test_the_filters_drop_unscored_and_same_reward_groups_with_distinct_reasons():
+    one, zero = _outcome(1.0), _outcome(0.0)
+    failed = _outcome(None, reason="env_failed")
+
+    assert scored_group_drop([Episode(one, False), Episode(zero, False)]) is None
+    assert scored_group_drop([Episode(one, False), Episode(failed, False)]) == "env_failed"
+    assert scored_group_drop([Episode(one, False), Episode(one, True)]) == "sample_aborted"
+    assert scored_group_drop([Episode(None, False)]) == "no_episode_outcome"
+    assert scored_nonzero_std_group_drop([Episode(one, False), Episode(one, False)]) == "same_reward_1"
+    assert scored_nonzero_std_group_drop([Episode(zero, False), Episode(failed, False)]) == "env_failed"
+    assert scored_nonzero_std_group_drop([Episode(one, False), Episode(zero, False)]) is None
+
+
+def test_metrics_count_each_episode_once_whatever_its_samples():
+    outcomes = [
+        _outcome(1.0, turns=3, tool_calls=4),
+        _outcome(0.0),
+        _outcome(1.0, turns=2),
+        _outcome(None, reason="env_failed"),
+    ]
+
+    metrics = episode_metrics(outcomes, [3, 1, 2, 1])
+
+    assert metrics["episodes"] == 4 and metrics["samples_per_episode"] == 7 / 4
+    assert metrics["reward_mean"] == pytest.approx(2 / 3)
+    assert metrics["reward_se"] == pytest.approx((1 / 3) ** 0.5 / 3**0.5)
+    assert metrics["zero_reward_share"] == pytest.approx(1 / 3)
+    assert metrics["scored_share"] == 0.75 and metrics["unscored_share/env_failed"] == 0.25
+    assert (metrics["turns_mean"], metrics["turns_p90"]) == (7 / 4, 3.0)
+    assert (metrics["tool_calls_mean"], metrics["tool_calls_p90"]) == (1.0, 4.0)
+    assert metrics["env_s_mean"] == 2.0 and metrics["wall_s_mean"] == 3.5
+
+
+def test_play_reports_each_stretch_of_the_episode_as_a_span(sample_env, rows, scripted_model):
+    trace = RecordedTrace()
+    result: EpisodeResult = _played(scripted_model, rows["played"], SCRIPTS["played"], trace)
+
+    names = [name for name, *_ in trace.spans]
+    assert names == ["reset", "list_tools", "model_call", "tool_call", "model_call", "end_turn"]
+    _, started, ended, _ = trace.spans[names.index("tool_call")]
+    assert (started, ended) == ({"turn": 1, "tool": "find_crate"}, {"error": False})
+    assert trace.spans[-1][2] == {"episode_ended": True}
+    env = sum(seconds for name, _, _, seconds in trace.spans if name != "model_call")
+    assert env == pytest.approx(result.timings.env_s, rel=0.05, abs=0.01)
+
+
+def test_a_two_turn_episode_ends_its_first_turn_without_ending_the_episode(sample_env, rows, scripted_model):
+    trace = RecordedTrace()
+    _played(scripted_model, rows["two_turns"], SCRIPTS["two_turns"], trace)
+
+    end_turns = [(started, ended) for name, started, ended, _ in trace.spans if name == "end_turn"]
+    assert end_turns == [({"turn": 1}, {"episode_ended": False}), ({"turn": 2}, {"episode_ended": True})]
+
