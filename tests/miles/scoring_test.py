@@ -129,7 +129,7 @@ def test_a_v1_group_holding_a_flagged_episode_is_left_out_with_the_flags_kind(fi
 
 
 def test_a_v2_group_holding_a_flagged_leaf_is_left_out_with_the_flags_kind(filtered):
-    assert _filter(filtered, [[_sample(SCORED)], [_sample(SCORED), _sample(FAILED)]]) == (False, "env_failed")
+    assert _filter(filtered, [[_sample(SCORED)], [_sample(FAILED), _sample(FAILED)]]) == (False, "env_failed")
 
 
 def test_a_group_holding_a_sample_miles_aborted_is_left_out(filtered):

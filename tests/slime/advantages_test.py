@@ -10,33 +10,16 @@ attributes the two methods read are set, as ``__init__`` sets them."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import itertools
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 
 import pytest
-from rollout import on_slime_loop, sampling_params
-from slime.observability.rollout_data_utils import validate_rollout_id_annotated
+from rollout import TASKS, first_hits_then_misses, played_batch
 from slime.ray.rollout import RolloutManager
-from slime.rollout.data_source import RolloutDataSource
-from slime.rollout.filter_hub.base_types import call_dynamic_filter
-from slime.rollout.sglang_rollout import generate_and_rm_group
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 from slime_helper import EpisodeRewardMismatch, normalize_per_episode
-from test_support import REWARDS, SCRIPTS, text
-
-MISSES = {
-    "two_turns": (text("Welcome to the warehouse!"), text("See you tomorrow.")),
-    "played": (text("I don't know where the pears are."),),
-}
-"""For each task whose group should hold different rewards, a script its second episode plays, scoring 0: two
-turns, or one reply without the tool call, so one sample where the first episode, calling a tool, gives two."""
-TASKS = ("two_turns", "played", "reply_only", "scores_zero", "fails_after_the_turn")
-"""The groups played: two-sample episodes scoring 1 and 0, a two-sample episode scoring 1 beside a one-sample one
-scoring 0, two groups whose episodes all score the same, and one the filter drops."""
 
 
 def rollout_manager(args, *, post_process: bool = True):
@@ -49,39 +32,6 @@ def rollout_manager(args, *, post_process: bool = True):
         load_function(args.custom_reward_post_process_path) if post_process else None
     )
     return manager
-
-
-def first_hits_then_misses(served):
-    """A ``script_of`` giving each task's first session its test_support script and the next one its MISSES
-    script, where it has one."""
-    prompts = {task["prompt"]: task["name"] for task in served.tasks()}
-    sessions: Counter[str] = Counter()
-
-    def script_of(prompt: str):
-        [name] = [name for text_, name in prompts.items() if text_ in prompt]
-        sessions[name] += 1
-        return MISSES[name] if sessions[name] == 2 and name in MISSES else SCRIPTS[name]
-
-    return script_of
-
-
-def played_batch(args, tasks=TASKS) -> list:
-    """The flat batch slime trains on after one rollout of ``tasks``' groups: the groups the launch's filter keeps,
-    checked and flattened as ``RolloutManager._get_rollout_data`` does."""
-    groups = RolloutDataSource(args).get_samples(len(REWARDS))
-    chosen = [group for group in groups if group[0].metadata["episode"]["task_name"] in tasks]
-    assert len(chosen) == len(tasks)
-
-    async def all_groups():
-        return await asyncio.gather(*(generate_and_rm_group(args, group, sampling_params(args)) for group in chosen))
-
-    played = on_slime_loop(all_groups())
-    dynamic_filter = load_function(args.dynamic_sampling_filter_path)
-    data = [group for group in played if call_dynamic_filter(dynamic_filter, args, group).keep]
-    validate_rollout_id_annotated(data)
-    while isinstance(data[0], list):
-        data = list(itertools.chain.from_iterable(data))
-    return data
 
 
 def episodes_of(samples) -> dict[int, dict[int, list[int]]]:

@@ -1,17 +1,25 @@
 """Rows played the way slime's rollout plays them: a group read by slime's own data source from the rows file,
-handed to ``generate_and_rm_group`` on slime's own background event loop."""
+handed to ``generate_and_rm_group`` on slime's own background event loop; and a whole step's batch, kept or
+dropped by the launch's dynamic filter and flattened as slime's rollout manager does."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 from argparse import Namespace
+from collections import Counter
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from slime.observability.rollout_data_utils import validate_rollout_id_annotated
 from slime.rollout.data_source import RolloutDataSource
+from slime.rollout.filter_hub.base_types import call_dynamic_filter
 from slime.rollout.sglang_rollout import GenerateState, generate_and_rm_group
 from slime.utils.async_utils import run
+from slime.utils.misc import load_function
+from test_support import REWARDS, SCRIPTS, text
 
 
 def group_of(args: Namespace, task: str) -> list:
@@ -36,6 +44,50 @@ def sampling_params(args: Namespace) -> dict[str, Any]:
 def on_slime_loop(coroutine: Coroutine) -> Any:
     """Run ``coroutine`` on the event loop slime's rollout runs on, and return its result."""
     return run(coroutine)
+
+
+MISSES = {
+    "two_turns": (text("Welcome to the warehouse!"), text("See you tomorrow.")),
+    "played": (text("I don't know where the pears are."),),
+}
+"""For each task whose group should hold different rewards, a script its second episode plays, scoring 0: two
+turns, or one reply without the tool call, so one sample where the first episode, calling a tool, gives two."""
+TASKS = ("two_turns", "played", "reply_only", "scores_zero", "fails_after_the_turn")
+"""The groups played: two-sample episodes scoring 1 and 0, a two-sample episode scoring 1 beside a one-sample one
+scoring 0, two groups whose episodes all score the same, and one the filter drops."""
+
+
+def first_hits_then_misses(served):
+    """A ``script_of`` giving each task's first session its test_support script and the next one its MISSES
+    script, where it has one."""
+    prompts = {task["prompt"]: task["name"] for task in served.tasks()}
+    sessions: Counter[str] = Counter()
+
+    def script_of(prompt: str):
+        [name] = [name for text_, name in prompts.items() if text_ in prompt]
+        sessions[name] += 1
+        return MISSES[name] if sessions[name] == 2 and name in MISSES else SCRIPTS[name]
+
+    return script_of
+
+
+def played_batch(args, tasks=TASKS) -> list:
+    """The flat batch slime trains on after one rollout of ``tasks``' groups: the groups the launch's filter keeps,
+    checked and flattened as ``RolloutManager._get_rollout_data`` does."""
+    groups = RolloutDataSource(args).get_samples(len(REWARDS))
+    chosen = [group for group in groups if group[0].metadata["episode"]["task_name"] in tasks]
+    assert len(chosen) == len(tasks)
+
+    async def all_groups():
+        return await asyncio.gather(*(generate_and_rm_group(args, group, sampling_params(args)) for group in chosen))
+
+    played = on_slime_loop(all_groups())
+    dynamic_filter = load_function(args.dynamic_sampling_filter_path)
+    data = [group for group in played if call_dynamic_filter(dynamic_filter, args, group).keep]
+    validate_rollout_id_annotated(data)
+    while isinstance(data[0], list):
+        data = list(itertools.chain.from_iterable(data))
+    return data
 
 
 def split_response(sample: Any) -> tuple[list[int], list[int]]:

@@ -159,4 +159,3 @@ def test_a_two_turn_episode_ends_its_first_turn_without_ending_the_episode(sampl
 
     end_turns = [(started, ended) for name, started, ended, _ in trace.spans if name == "end_turn"]
     assert end_turns == [({"turn": 1}, {"episode_ended": False}), ({"turn": 2}, {"episode_ended": True})]
-

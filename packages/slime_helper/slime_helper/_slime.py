@@ -25,7 +25,6 @@ _SAMPLE_FIELDS = (
     "remove_sample",
     "status",
     "metadata",
-    "trace",
 )
 
 

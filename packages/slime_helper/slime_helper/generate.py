@@ -83,8 +83,9 @@ async def generate(args: Namespace, sample: Any, sampling_params: dict[str, Any]
             reward=_reward_of(result),
             extra_metadata=_metadata(sample, result),
         )
-        for played in samples:
-            played.trace = sample.trace
+        if (trace := getattr(sample, "trace", None)) is not None:
+            for played in samples:
+                played.trace = trace
         return samples or [_untrained(sample, result, api.Sample.Status.ABORTED)]
     finally:
         await service.adapter.drop_session(sid)
