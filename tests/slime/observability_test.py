@@ -120,7 +120,8 @@ def test_slimes_trace_viewer_draws_each_episodes_spans(launch, sglang, env_serve
     page = tmp_path / "rollout_0.trace_timeline_viewer.html"
     cache = json.loads((tmp_path / "rollout_0.trace_timeline_cache.json").read_text())
     assert all(name in json.dumps(cache) for name in SPANS)
-    shot = _screenshot(page, Path(os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR", tmp_path)) / "trace_viewer.png")
+    outputs = Path(os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR", tmp_path))
+    shot = _screenshot(page, outputs / "trace_viewer.png", tmp_path / "chromium-profile")
     assert _share_of_strong_colour(shot) > 0.01, "the viewer drew no spans"
 
 
@@ -130,26 +131,26 @@ def _share_of_strong_colour(png: Path) -> float:
     return float(((pixels.max(axis=-1) - pixels.min(axis=-1)) > 80).mean())
 
 
-def _screenshot(page: Path, to: Path) -> Path:
+def _screenshot(page: Path, to: Path, profile: Path) -> Path:
     """``page`` rendered by headless Chromium into the PNG ``to``, served over loopback HTTP as the viewer's own
     ``--serve`` does, since the page fetches its cache beside it."""
     handler = functools.partial(SimpleHTTPRequestHandler, directory=str(page.parent))
     with ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
         threading.Thread(target=server.serve_forever, daemon=True).start()
         try:
-            return _rendered(f"http://127.0.0.1:{server.server_address[1]}/{page.name}", to)
+            return _rendered(f"http://127.0.0.1:{server.server_address[1]}/{page.name}", to, profile)
         finally:
             server.shutdown()
 
 
-def _rendered(url: str, to: Path) -> Path:
+def _rendered(url: str, to: Path, profile: Path) -> Path:
     chromium = shutil.which("chromium")
     assert chromium, "the trace viewer check needs Debian's chromium (./bazelw installs it)"
     subprocess.run(
         [
             chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            f"--user-data-dir={to.parent / 'chromium-profile'}", "--window-size=1600,1000",
+            f"--user-data-dir={profile}", "--window-size=1600,1000",
             "--virtual-time-budget=5000", f"--screenshot={to}", url,
         ],
         check=True, capture_output=True, timeout=120,

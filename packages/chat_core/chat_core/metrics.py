@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from chat_core.outcome import EpisodeOutcome
@@ -78,3 +78,19 @@ def sample_metrics(samples: Sequence[Any], episode_of: Callable[[Any], Any]) -> 
         return {}
     outcomes, counts = zip(*episodes.values(), strict=True)
     return episode_metrics(list(outcomes), list(counts))
+
+
+def rollout_log_metrics(samples: Sequence[Any]) -> dict[str, float]:
+    """A rollout step's per-episode metrics under ``rollout/episode/``, from the training samples a trainer hands
+    its rollout-log function (an episode's samples share its ``rollout_id``)."""
+    return {f"rollout/episode/{name}": value for name, value in sample_metrics(samples, rollout_of).items()}
+
+
+def eval_log_metrics(data: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """Each eval split's per-episode metrics under ``eval/<split>/episode/``, from the ``{split: {"samples": …}}``
+    a trainer hands its eval-log function, where each sample is one episode."""
+    return {
+        f"eval/{split}/episode/{name}": value
+        for split, evaluated in data.items()
+        for name, value in sample_metrics(evaluated.get("samples") or (), id).items()
+    }

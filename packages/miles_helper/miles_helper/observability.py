@@ -10,18 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from chat_core.metrics import rollout_of, sample_metrics
+from chat_core.metrics import eval_log_metrics, rollout_log_metrics
 from miles.utils.metric_utils import compute_rollout_step
 from miles.utils.tracking_utils import tracking
-
-ROLLOUT_PREFIX = "rollout/episode/"
-"""Where a rollout step's per-episode metrics go, beside Miles' own ``rollout/…`` ones."""
 
 
 def log_rollout(rollout_id: int, args: Any, samples: list, rollout_extra_metrics: Any, rollout_time: float) -> bool:
     """Miles' ``--custom-rollout-log-function-path``: the step's per-episode metrics (``chat_core.metrics``) under
     ``rollout/episode/``, at Miles' own ``rollout/step``. Returns False so Miles' default logging runs too."""
-    metrics = {ROLLOUT_PREFIX + name: value for name, value in sample_metrics(samples, rollout_of).items()}
+    metrics = rollout_log_metrics(samples)
     metrics["rollout/step"] = compute_rollout_step(args, rollout_id)
     tracking.log(args, metrics, step_key="rollout/step")
     return False
@@ -31,11 +28,7 @@ def log_eval_rollout(rollout_id: int, args: Any, data: dict[str, Any], extra_met
     """Miles' ``--custom-eval-rollout-log-function-path``: each eval split's per-episode metrics under
     ``eval/<split>/episode/``, at Miles' own ``eval/step``; each eval sample is one episode. Returns False so
     Miles' default logging runs too."""
-    metrics: dict[str, float] = {}
-    for split, evaluated in data.items():
-        if samples := evaluated.get("samples"):
-            by_episode = sample_metrics(samples, id)
-            metrics |= {f"eval/{split}/episode/{name}": value for name, value in by_episode.items()}
+    metrics = eval_log_metrics(data)
     if metrics:
         metrics["eval/step"] = compute_rollout_step(args, rollout_id)
         tracking.log(args, metrics, step_key="eval/step")

@@ -14,12 +14,9 @@ from argparse import Namespace
 from collections.abc import Iterator
 from typing import Any
 
-from chat_core.metrics import rollout_of, sample_metrics
+from chat_core.metrics import eval_log_metrics, rollout_log_metrics
 
 from slime_helper._slime import slime
-
-ROLLOUT_PREFIX = "rollout/episode/"
-"""Where a rollout step's per-episode metrics go, beside slime's own ``rollout/…`` ones."""
 
 
 class SampleTrace:
@@ -46,7 +43,7 @@ def log_rollout(
     """slime's ``--custom-rollout-log-function-path``: the step's per-episode metrics (``chat_core.metrics``) under
     ``rollout/episode/``, at slime's own ``rollout/step``. Returns False so slime's default logging runs too."""
     api = slime()
-    metrics = {ROLLOUT_PREFIX + name: value for name, value in sample_metrics(samples, rollout_of).items()}
+    metrics = rollout_log_metrics(samples)
     metrics["rollout/step"] = api.compute_rollout_step(args, rollout_id)
     api.log(args, metrics, step_key="rollout/step")
     return False
@@ -57,11 +54,7 @@ def log_eval_rollout(rollout_id: int, args: Namespace, data: dict[str, Any], ext
     ``eval/<split>/episode/``, at slime's own ``eval/step``; each eval sample is one episode. Returns False so
     slime's default logging runs too."""
     api = slime()
-    metrics: dict[str, float] = {}
-    for split, evaluated in data.items():
-        if samples := evaluated.get("samples"):
-            by_episode = sample_metrics(samples, id)
-            metrics |= {f"eval/{split}/episode/{name}": value for name, value in by_episode.items()}
+    metrics = eval_log_metrics(data)
     if metrics:
         metrics["eval/step"] = api.compute_rollout_step(args, rollout_id)
         api.log(args, metrics, step_key="eval/step")
