@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from chat_core._json import parse_json
-from chat_core.errors import CapacityExhausted, OpenEnvError, ServerUnreachable
+from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerUnreachable
 from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation
 from chat_core.rows import EpisodeRef
 
@@ -51,6 +51,8 @@ class FlagKind(StrEnum):
     - ``model_deadline``: the model took longer than ``Limits.model_deadline_s`` in all.
     - ``turn_limit``: the env opened more turns than ``Limits.max_turns``.
     - ``capacity_exhausted``: the env server stayed full for ``Limits.capacity_wait_s``.
+    - ``env_deadline``: an env call (reset, list_tools, a tool call, end_turn with its verifiers) went unanswered
+      for ``Limits.env_call_deadline_s``; the session was closed, abandoning the episode.
     - ``env_unreachable``: the env server couldn't be reached.
     - ``protocol_error``: the env server answered outside the protocol, or dropped the session.
     - ``task_mismatch``: the server serves another task at the row's place; the rows are stale."""
@@ -64,6 +66,7 @@ class FlagKind(StrEnum):
     MODEL_DEADLINE = "model_deadline"
     TURN_LIMIT = "turn_limit"
     CAPACITY_EXHAUSTED = "capacity_exhausted"
+    ENV_DEADLINE = "env_deadline"
     ENV_UNREACHABLE = "env_unreachable"
     PROTOCOL_ERROR = "protocol_error"
     TASK_MISMATCH = "task_mismatch"
@@ -103,18 +106,22 @@ class Limits:
     """Bounds on one episode. ``max_turns``: env turns played; one more ends it unscored. ``max_tool_calls_per_turn``:
     tool calls the model makes in a turn; one more ends the turn with the model's latest text. ``model_deadline_s``:
     seconds the episode may spend waiting for the model, all calls together. ``capacity_wait_s``: seconds to wait for
-    a free env session while the server is full."""
+    a free env session while the server is full. ``env_call_deadline_s``: seconds one env call may go unanswered
+    (reset, list_tools, a tool call, end_turn with the verifiers it runs), so a stuck env can't hold an episode."""
 
     max_turns: int = 16
     max_tool_calls_per_turn: int = 32
     model_deadline_s: float = 900.0
     capacity_wait_s: float = 600.0
+    env_call_deadline_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.max_turns < 1 or self.max_tool_calls_per_turn < 1:
             raise ValueError(f"{self}: max_turns and max_tool_calls_per_turn must be at least 1")
-        if not self.model_deadline_s > 0 or not self.capacity_wait_s >= 0:
-            raise ValueError(f"{self}: model_deadline_s must be positive and capacity_wait_s not negative")
+        if not self.model_deadline_s > 0 or not self.env_call_deadline_s > 0 or not self.capacity_wait_s >= 0:
+            raise ValueError(
+                f"{self}: model_deadline_s and env_call_deadline_s must be positive and capacity_wait_s not negative"
+            )
 
 
 @dataclass
@@ -175,10 +182,20 @@ async def play(
         raise ValueError(f"sampling sets {', '.join(clash)}, which play sends itself; leave them out")
     game = _Game(episode, chat, dict(sampling), limits)
     began = time.monotonic()
-    session = EpisodeSession(episode.server_url, capacity_wait=CapacityWait(total_s=limits.capacity_wait_s))
+    session = EpisodeSession(
+        episode.server_url,
+        capacity_wait=CapacityWait(total_s=limits.capacity_wait_s),
+        call_deadline_s=limits.env_call_deadline_s,
+    )
     http = httpx.AsyncClient(timeout=None, verify=_tls())
     try:
         await game.play(session, http)
+    except EnvCallTimeout as e:
+        game.fail(
+            FlagKind.ENV_DEADLINE,
+            f"{e} (env_call_deadline_s={limits.env_call_deadline_s:g}); the session was closed, abandoning the "
+            "episode unscored",
+        )
     except OpenEnvError as e:
         game.fail(_kind_of(e), str(e))
     finally:
