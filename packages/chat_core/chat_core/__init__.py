@@ -6,18 +6,23 @@ trainer's environment without the env server's packages."""
 from chat_core.episode import FATAL, ChatEndpoint, EpisodeResult, Flag, FlagKind, Limits, play
 from chat_core.errors import (
     CapacityExhausted,
+    EnvCallTimeout,
     EpisodeProtocolError,
     InvalidServerUrl,
     NotAnOpenEnvServer,
     OpenEnvError,
     ServerError,
+    ServerMismatch,
     ServerUnreachable,
 )
+from chat_core.pool import ENV_SERVERS_VARIABLE
 
 __all__ = [
+    "ENV_SERVERS_VARIABLE",
     "FATAL",
     "CapacityExhausted",
     "ChatEndpoint",
+    "EnvCallTimeout",
     "EpisodeProtocolError",
     "EpisodeResult",
     "Flag",
@@ -27,6 +32,7 @@ __all__ = [
     "NotAnOpenEnvServer",
     "OpenEnvError",
     "ServerError",
+    "ServerMismatch",
     "ServerUnreachable",
     "play",
 ]

@@ -11,6 +11,7 @@ episode's server raises into flags.
     ├── CapacityExhausted     every session stayed taken for as long as the caller would wait
     ├── EnvCallTimeout        an episode's call went unanswered for longer than the caller's deadline
     └── EpisodeProtocolError  an episode's session answered outside the protocol, or dropped
+        └── SessionDropped    the session's connection closed while the episode was open
 """
 
 from __future__ import annotations
@@ -61,3 +62,8 @@ class EnvCallTimeout(OpenEnvError):
 class EpisodeProtocolError(OpenEnvError):
     """An episode's session answered outside the protocol: an error frame, a frame that isn't JSON or isn't the one
     asked for, or a connection that closed while the episode was open."""
+
+
+class SessionDropped(EpisodeProtocolError):
+    """The session's connection closed while a call waited for its answer: the server stopped, crashed or dropped
+    it."""

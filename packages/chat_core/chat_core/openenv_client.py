@@ -29,6 +29,7 @@ from chat_core.errors import (
     NotAnOpenEnvServer,
     ServerError,
     ServerUnreachable,
+    SessionDropped,
 )
 
 _CAPACITY_REACHED = "CAPACITY_REACHED"
@@ -323,7 +324,7 @@ class EpisodeSession:
             try:
                 await self._ws.send(json.dumps({"type": "step", "data": data}))
             except ConnectionClosed as e:
-                raise EpisodeProtocolError(f"the session closed before {what} could be sent: {_closing(e)}") from None
+                raise SessionDropped(f"the session closed before {what} could be sent: {_closing(e)}") from None
             frame = await self._receive(what)
         return self._observation(frame, what)
 
@@ -341,9 +342,7 @@ class EpisodeSession:
         try:
             raw = await self._ws.recv()
         except ConnectionClosed as e:
-            raise EpisodeProtocolError(
-                f"the session closed while waiting for the answer to {what}: {_closing(e)}"
-            ) from None
+            raise SessionDropped(f"the session closed while waiting for the answer to {what}: {_closing(e)}") from None
         try:
             frame = parse_json(raw)
         except ValueError as e:
