@@ -8,7 +8,8 @@ read. Miles calls ``abort`` beside the agent when it aborts a rollout; it cancel
 process, so each closes its env session and comes back flagged instead of playing on against an aborted model.
 
 The agent takes no Miles arguments, so its limits are fixed when it is made: ``make_agent(limits)`` makes one with
-other limits, for a module of the user's own that also exports this ``abort``.
+other limits or a pool of env servers (``Limits(env_servers=[...])``), for a module of the user's own that also
+exports this ``abort``.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def make_agent(limits: Limits) -> Agent:
         can be trained on), ``episode_flags`` (what went wrong, each with its kind, message and whether it left the
         episode unscored) and ``agent_metrics.total_tool_time`` (seconds in the env, which Miles counts as time
         spent outside generation). Raises ValueError when ``metadata`` isn't a row written by
-        ``chat_core.prepare``; Miles logs it and leaves the sample aborted."""
+        ``chat_core.prepare``, and ServerMismatch when a server of the pool ``limits.env_servers`` (or
+        ``TRAINER_HELPERS_ENV_SERVERS``) names serves other tasks; Miles logs it and leaves the sample aborted."""
         chat = ChatEndpoint(url=base_url.rstrip("/") + "/v1/chat/completions", model=MODEL)
         episode = asyncio.create_task(play(metadata, chat, request_kwargs, limits))
         _playing.add(episode)

@@ -46,10 +46,10 @@ async def _play_all(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--episodes", type=int, default=24, help="episodes played with each pool size")
-    parser.add_argument("--concurrency", type=int, default=12, help="episodes played at once")
-    parser.add_argument("--sessions", type=int, default=4, help="each server's max_concurrent_envs")
-    parser.add_argument("--tool-s", type=float, default=2.0, help="seconds the tool waits")
+    parser.add_argument("--episodes", type=int, default=12, help="episodes played with each pool size")
+    parser.add_argument("--concurrency", type=int, default=6, help="episodes played at once")
+    parser.add_argument("--sessions", type=int, default=2, help="each server's max_concurrent_envs")
+    parser.add_argument("--tool-s", type=float, default=4.0, help="seconds the tool waits")
     args = parser.parse_args()
     steps = [tool_call("wait_for_truck", {"seconds": args.tool_s}), text("The crate of pears is on shelf 9C.")]
     with ExitStack() as stack, ScriptedModel() as model:
