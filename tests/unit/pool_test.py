@@ -187,3 +187,36 @@ def test_a_replica_that_dies_is_skipped_and_tried_again_once_it_is_back(
     assert (on_other.reward, on_other.flags) == (1.0, [])
     assert [(result.reward, result.flags, result.env_server) for result in later] == [(1.0, [], pool[0].url)] * 3
     assert (again.reward, again.env_server) == (1.0, doomed.url)
+
+
+@pytest.mark.parametrize(
+    ("limits", "says"),
+    [
+        ({"env_servers": "http://node-a:8000"}, "a list of server URLs"),
+        ({"env_servers": ["node-a:8000"]}, "isn't a server URL"),
+        ({"env_call_deadline_s": 0}, "env_call_deadline_s must be positive"),
+    ],
+)
+def test_a_pool_or_deadline_out_of_range_is_refused_up_front(limits: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        Limits(**limits)
+
+
+def test_a_misnamed_server_in_the_variable_is_refused_up_front(
+    nowhere_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_SERVERS_VARIABLE, "http://node-a:8000,node-b:8000")
+    chat = ChatEndpoint("http://127.0.0.1:1/v1/chat/completions", "policy")
+
+    with pytest.raises(ValueError, match="'node-b:8000' isn't a server URL"):
+        asyncio.run(play(nowhere_row, chat, {}, Limits()))
+
+
+@pytest.fixture
+def nowhere_row() -> dict[str, Any]:
+    """A row's metadata for a server that needn't exist, for what is refused before any server is asked."""
+    return {
+        "episode": {"split": "all", "index": 0, "task_id": "@local/x/played", "task_name": "played"},
+        "server": {"url": "http://127.0.0.1:1", "env_name": "sample-env"},
+        "tools": [],
+    }
