@@ -33,6 +33,7 @@ def _outcome(reward: float | None, *flags: Flag) -> dict:
         capacity_wait_s=0.0,
         wall_s=1.6,
         truncated=False,
+        env_server=None,
     )
     return {OUTCOME_KEY: outcome.to_metadata()}
 

@@ -16,6 +16,7 @@ from slime.rollout.sglang_rollout import eval_rollout_single_dataset, generate_a
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 from slime_helper import AdapterService, MissingEpisodeNormalization, MissingFilter, MissingToolParser
+from slime_helper.generate import episode_limits
 from test_support import REWARDS, delay, error, text, tool_call
 
 FIND_PEARS = '<tool_call>\n{"name": "find_crate", "arguments": {"name": "pears"}}\n</tool_call><|im_end|>'
@@ -177,8 +178,11 @@ def test_the_adapter_refuses_to_start_without_a_tool_call_parser(launch, sglang,
     assert env_server.open_episodes() == 0
 
 
-def test_episode_bounds_come_from_the_custom_config_and_a_bounded_episode_is_left_out(launch, sglang):
-    args = launch(config="episode_max_turns: 1\nepisode_model_deadline_s: 120\n")
+def test_episode_bounds_come_from_the_custom_config_and_a_bounded_episode_is_left_out(launch, sglang, env_server):
+    config = "episode_max_turns: 1\nepisode_model_deadline_s: 120\nepisode_env_call_deadline_s: 30\n"
+    args = launch(config=config + f"episode_env_servers: [{env_server.url}]\n")
+    limits = episode_limits(args)
+    assert (limits.model_deadline_s, limits.env_call_deadline_s, limits.env_servers) == (120, 30, (env_server.url,))
     played = rollout(args, group_of(args, "two_turns"))
 
     for samples in played:

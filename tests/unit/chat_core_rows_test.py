@@ -31,7 +31,7 @@ from test_support.loopback import LoopbackServer, Request
 
 pytest_plugins = ["test_support.pytest_plugin"]
 
-WAREHOUSE_TOOLS = ["list_crates", "find_crate", "add_crate", "end_turn"]
+WAREHOUSE_TOOLS = ["list_crates", "find_crate", "add_crate", "wait_for_truck", "end_turn"]
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

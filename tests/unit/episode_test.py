@@ -208,7 +208,13 @@ def test_a_tool_call_is_run_and_answered(sample_env: ServedBundle, rows: Rows, s
     assert [(turn.model_calls, turn.tool_calls, turn.tool_errors) for turn in result.turns] == [(2, 1, 0)]
     first, second = scripted_model.requests_of("played")
     assert first.body["model"] == "policy" and first.extra == sampling
-    assert [tool["function"]["name"] for tool in first.tools] == ["list_crates", "find_crate", "add_crate", "end_turn"]
+    assert [tool["function"]["name"] for tool in first.tools] == [
+        "list_crates",
+        "find_crate",
+        "add_crate",
+        "wait_for_truck",
+        "end_turn",
+    ]
     assert first.messages == [system, user]
     assert second.messages == [system, user, called, answered]
     assert first.headers["authorization"] == "Bearer played"
@@ -388,6 +394,21 @@ def test_past_the_model_deadline_the_episode_is_abandoned(
     assert _kinds(result) == [FlagKind.MODEL_DEADLINE]
     assert "model_deadline_s=3" in result.flags[0].message
     assert len(result.turns) == 2
+
+
+def test_an_env_call_past_its_deadline_is_flagged_and_its_session_closed(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    steps = [tool_call("wait_for_truck", {"seconds": 6}), text("The truck came.")]
+
+    result = _play(sample_env, rows["played"], scripted_model, steps, limits=Limits(env_call_deadline_s=2))
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.ENV_DEADLINE]
+    assert "didn't answer call_tool 'wait_for_truck' within 2 s" in result.flags[0].message
+    assert "env_call_deadline_s=2" in result.flags[0].message
+    assert result.timings.wall_s < 6
+    assert len(scripted_model.requests) == 1
 
 
 @pytest.mark.parametrize(("step", "says"), [

@@ -52,6 +52,10 @@ def _played(model: ScriptedModel, metadata: dict[str, Any], steps: Any, trace: R
     return asyncio.run(play(metadata, chat, {}, Limits(), trace=trace))
 
 
+def metadata_server(metadata: dict[str, Any]) -> str:
+    return metadata["server"]["url"]
+
+
 def test_the_outcome_counts_the_episode_and_survives_a_trip_through_json(sample_env, rows, scripted_model):
     result = _played(scripted_model, rows["played"], SCRIPTS["played"])
     outcome = EpisodeOutcome.of(result)
@@ -59,6 +63,7 @@ def test_the_outcome_counts_the_episode_and_survives_a_trip_through_json(sample_
     assert (outcome.reward, outcome.scored, outcome.reason, outcome.truncated) == (1.0, True, None, False)
     assert (outcome.turns, outcome.model_calls, outcome.tool_calls, outcome.tool_errors) == (1, 2, 1, 0)
     assert outcome.env_s > 0 and outcome.wall_s >= outcome.env_s + outcome.model_s
+    assert outcome.env_server == metadata_server(rows["played"])
     metadata = json.loads(json.dumps({OUTCOME_KEY: outcome.to_metadata()}))
     assert EpisodeOutcome.from_metadata(metadata) == outcome
     assert EpisodeOutcome.from_metadata({"episode": {}}) is None
@@ -104,6 +109,7 @@ def _outcome(reward: float | None, *, turns: int = 1, tool_calls: int = 0, reaso
         capacity_wait_s=0.0,
         wall_s=3.5,
         truncated=False,
+        env_server=None,
     )
 
 

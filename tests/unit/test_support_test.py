@@ -91,7 +91,7 @@ def test_an_episode_gets_its_own_tool_server_and_loses_it_at_the_end(sample_env:
 
     tools, added, ended, port = asyncio.run(play())
     names = [tool["name"] for tool in tools["data"]["observation"]["tools"]]
-    assert names == ["list_crates", "find_crate", "add_crate", "end_turn"]
+    assert names == ["list_crates", "find_crate", "add_crate", "wait_for_truck", "end_turn"]
     assert "holds 3 crates" in added["data"]["observation"]["result"]["data"]
     assert (ended["data"]["done"], ended["data"]["reward"]) == (True, 1.0)
     sample_env.wait_until_closed()

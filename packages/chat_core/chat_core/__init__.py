@@ -8,21 +8,26 @@ packages."""
 from chat_core.episode import FATAL, ChatEndpoint, EpisodeResult, EpisodeTrace, Flag, FlagKind, Limits, play
 from chat_core.errors import (
     CapacityExhausted,
+    EnvCallTimeout,
     EpisodeProtocolError,
     InvalidServerUrl,
     NotAnOpenEnvServer,
     OpenEnvError,
     ServerError,
+    ServerMismatch,
     ServerUnreachable,
 )
 from chat_core.filters import MissingFilter
 from chat_core.outcome import OUTCOME_KEY, EpisodeOutcome
+from chat_core.pool import ENV_SERVERS_VARIABLE
 
 __all__ = [
+    "ENV_SERVERS_VARIABLE",
     "FATAL",
     "OUTCOME_KEY",
     "CapacityExhausted",
     "ChatEndpoint",
+    "EnvCallTimeout",
     "EpisodeOutcome",
     "EpisodeProtocolError",
     "EpisodeResult",
@@ -35,6 +40,7 @@ __all__ = [
     "NotAnOpenEnvServer",
     "OpenEnvError",
     "ServerError",
+    "ServerMismatch",
     "ServerUnreachable",
     "play",
 ]

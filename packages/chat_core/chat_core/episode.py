@@ -19,7 +19,7 @@ import json
 import math
 import ssl
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -28,8 +28,9 @@ from typing import Any, Protocol
 import httpx
 
 from chat_core._json import parse_json
-from chat_core.errors import CapacityExhausted, OpenEnvError, ServerUnreachable
-from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation
+from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
+from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation, server_url
+from chat_core.pool import EnvPool, PooledSession, env_servers
 from chat_core.rows import EpisodeRef
 
 END_TURN = "end_turn"
@@ -53,6 +54,8 @@ class FlagKind(StrEnum):
     - ``model_deadline``: the model took longer than ``Limits.model_deadline_s`` in all.
     - ``turn_limit``: the env opened more turns than ``Limits.max_turns``.
     - ``capacity_exhausted``: the env server stayed full for ``Limits.capacity_wait_s``.
+    - ``env_deadline``: an env call (reset, list_tools, a tool call, end_turn with its verifiers) went unanswered
+      for ``Limits.env_call_deadline_s``; the session was closed, abandoning the episode.
     - ``env_unreachable``: the env server couldn't be reached.
     - ``protocol_error``: the env server answered outside the protocol, or dropped the session.
     - ``task_mismatch``: the server serves another task at the row's place; the rows are stale.
@@ -68,6 +71,7 @@ class FlagKind(StrEnum):
     MODEL_DEADLINE = "model_deadline"
     TURN_LIMIT = "turn_limit"
     CAPACITY_EXHAUSTED = "capacity_exhausted"
+    ENV_DEADLINE = "env_deadline"
     ENV_UNREACHABLE = "env_unreachable"
     PROTOCOL_ERROR = "protocol_error"
     TASK_MISMATCH = "task_mismatch"
@@ -105,21 +109,34 @@ class ChatEndpoint:
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds on one episode. ``max_turns``: env turns played; one more ends it unscored. ``max_tool_calls_per_turn``:
-    tool calls the model makes in a turn; one more ends the turn with the model's latest text. ``model_deadline_s``:
-    seconds the episode may spend waiting for the model, all calls together. ``capacity_wait_s``: seconds to wait for
-    a free env session while the server is full."""
+    """How the launch plays each episode: its bounds, and the env servers that serve it. ``max_turns``: env turns
+    played; one more ends it unscored. ``max_tool_calls_per_turn``: tool calls the model makes in a turn; one more
+    ends the turn with the model's latest text. ``model_deadline_s``: seconds the episode may spend waiting for the
+    model, all calls together. ``capacity_wait_s``: seconds to wait for a free env session while the server (every
+    server of the pool) is full. ``env_call_deadline_s``: seconds one env call may go unanswered (reset, list_tools,
+    a tool call, end_turn with the verifiers it runs), so a stuck env can't hold an episode. ``env_servers``: the
+    URLs of a pool of env servers serving the rows' bundle, which plays every row instead of the server it was
+    prepared from (``chat_core.pool``); when empty, the ``TRAINER_HELPERS_ENV_SERVERS`` environment variable names
+    the pool (comma-separated), and without it each row plays on its own server. Raises ValueError when a bound is
+    out of range or a server URL isn't an absolute http(s) URL."""
 
     max_turns: int = 16
     max_tool_calls_per_turn: int = 32
     model_deadline_s: float = 900.0
     capacity_wait_s: float = 600.0
+    env_call_deadline_s: float = 600.0
+    env_servers: Sequence[str] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.env_servers, str):
+            raise ValueError(f"env_servers is a list of server URLs, not the one string {self.env_servers!r}")
+        object.__setattr__(self, "env_servers", tuple(server_url(url) for url in self.env_servers))
         if self.max_turns < 1 or self.max_tool_calls_per_turn < 1:
             raise ValueError(f"{self}: max_turns and max_tool_calls_per_turn must be at least 1")
-        if not self.model_deadline_s > 0 or not self.capacity_wait_s >= 0:
-            raise ValueError(f"{self}: model_deadline_s must be positive and capacity_wait_s not negative")
+        if not self.model_deadline_s > 0 or not self.env_call_deadline_s > 0 or not self.capacity_wait_s >= 0:
+            raise ValueError(
+                f"{self}: model_deadline_s and env_call_deadline_s must be positive and capacity_wait_s not negative"
+            )
 
 
 @dataclass
@@ -146,9 +163,12 @@ class Timings:
 @dataclass
 class EpisodeResult:
     """How an episode went: its reward (None unless the env scored it and nothing fatal happened), its flags, the
-    chat as the model saw it (tool messages included) and each turn's counts and the episode's timings."""
+    chat as the model saw it (tool messages included) and each turn's counts and the episode's timings.
+    ``env_server`` is the URL of the server that played it (the row's own, or the pool's server it was routed to),
+    None when no server started it."""
 
     episode: EpisodeRef
+    env_server: str | None = None
     reward: float | None = None
     flags: list[Flag] = field(default_factory=list)
     transcript: list[dict[str, Any]] = field(default_factory=list)
@@ -192,7 +212,8 @@ async def play(
     spans as they happen.
 
     Every failure of the env, the chat endpoint or the model is a flag on the result. Raises ValueError before
-    anything starts when ``metadata`` isn't a row's or ``sampling`` sets ``model``, ``messages`` or ``tools``. When
+    anything starts when ``metadata`` isn't a row's or ``sampling`` sets ``model``, ``messages`` or ``tools``, and
+    ServerMismatch when a server of the launch's pool serves another env or other tasks than the row's. When
     cancelled, closes the env session, so the server abandons the episode without running its verifiers, and
     re-raises."""
     episode = EpisodeRef.from_metadata(metadata)
@@ -200,10 +221,28 @@ async def play(
         raise ValueError(f"sampling sets {', '.join(clash)}, which play sends itself; leave them out")
     game = _Game(episode, chat, dict(sampling), limits, trace or _NoTrace())
     began = time.monotonic()
-    session = EpisodeSession(episode.server_url, capacity_wait=CapacityWait(total_s=limits.capacity_wait_s))
+    session: EpisodeSession | PooledSession
+    if servers := env_servers(limits.env_servers):
+        pool = EnvPool.of(servers)
+        await pool.check(episode)
+        session = pool.session(limits.capacity_wait_s, limits.env_call_deadline_s)
+    else:
+        session = EpisodeSession(
+            episode.server_url,
+            capacity_wait=CapacityWait(total_s=limits.capacity_wait_s),
+            call_deadline_s=limits.env_call_deadline_s,
+        )
     http = httpx.AsyncClient(timeout=None, verify=_tls())
     try:
         await game.play(session, http)
+    except ServerMismatch:
+        raise
+    except EnvCallTimeout as e:
+        game.fail(
+            FlagKind.ENV_DEADLINE,
+            f"{e} (env_call_deadline_s={limits.env_call_deadline_s:g}); the session was closed, abandoning the "
+            "episode unscored",
+        )
     except OpenEnvError as e:
         game.fail(_kind_of(e), str(e))
     finally:
@@ -249,16 +288,17 @@ class _Game:
         self.result.reward = None
         self.result.flags.append(Flag(kind, message))
 
-    async def play(self, session: EpisodeSession, http: httpx.AsyncClient) -> None:
+    async def play(self, session: EpisodeSession | PooledSession, http: httpx.AsyncClient) -> None:
         episode = self.result.episode
         started = await self._env("reset", session.reset(episode.split, episode.index))
+        self.result.env_server = session.url
         if started.done:
             return self._finish(started)
         served = (started.task or {}).get("id")
         if served != episode.task_id:
             return self.fail(
                 FlagKind.TASK_MISMATCH,
-                f"task #{episode.index} of split {episode.split!r} is {served!r} on {episode.server_url}, but the "
+                f"task #{episode.index} of split {episode.split!r} is {served!r} on {session.url}, but the "
                 f"row is for {episode.task_id!r}: prepare the rows again from the server as it is now",
             )
         self._open_turn(started.metadata)
@@ -291,7 +331,7 @@ class _Game:
         self.result.transcript.append({"role": "user", "content": str(prompts.get("prompt") or "")})
         self.result.turns.append(TurnCounts())
 
-    async def _play_turn(self, session: EpisodeSession, http: httpx.AsyncClient) -> Observation | None:
+    async def _play_turn(self, session: EpisodeSession | PooledSession, http: httpx.AsyncClient) -> Observation | None:
         """What ``end_turn`` answered, or None when the episode stopped during the turn (flagged)."""
         counts = self.result.turns[-1]
         calls = 0
@@ -358,7 +398,7 @@ class _Game:
                 counts.tool_errors += failed
                 self._answer(call, text)
 
-    async def _end_turn(self, session: EpisodeSession, response: str) -> Observation:
+    async def _end_turn(self, session: EpisodeSession | PooledSession, response: str) -> Observation:
         with self._trace.span(END_TURN, {"turn": len(self.result.turns)}) as end:
             ended = await self._env(None, session.call_tool(END_TURN, {"response": response}))
             end["episode_ended"] = ended.done

@@ -7,8 +7,11 @@ episode's server raises into flags.
     ├── ServerUnreachable     nothing answered at the address
     ├── NotAnOpenEnvServer    something answered, but not as an OpenEnv server
     ├── ServerError           the Task API refused or failed a request (HTTP 4xx, 5xx)
+    ├── ServerMismatch        a server of a pool serves another env or other tasks than the rows
     ├── CapacityExhausted     every session stayed taken for as long as the caller would wait
+    ├── EnvCallTimeout        an episode's call went unanswered for longer than the caller's deadline
     └── EpisodeProtocolError  an episode's session answered outside the protocol, or dropped
+        └── SessionDropped    the session's connection closed while the episode was open
 """
 
 from __future__ import annotations
@@ -38,6 +41,11 @@ class ServerError(OpenEnvError):
         self.status_code = status_code
 
 
+class ServerMismatch(OpenEnvError):
+    """A server named to serve the rows' env serves another env, or other tasks at the rows' places: the launch
+    names the wrong server, or it serves another version of the bundle."""
+
+
 class CapacityExhausted(OpenEnvError):
     """Every session the server allows stayed taken for as long as the caller agreed to wait."""
 
@@ -46,6 +54,16 @@ class CapacityExhausted(OpenEnvError):
         self.max_sessions = max_sessions
 
 
+class EnvCallTimeout(OpenEnvError):
+    """An episode's call (reset, list_tools, a tool call, end_turn) went unanswered for longer than the caller
+    agreed to wait: the server is connected but stuck, in a tool or a verifier."""
+
+
 class EpisodeProtocolError(OpenEnvError):
     """An episode's session answered outside the protocol: an error frame, a frame that isn't JSON or isn't the one
     asked for, or a connection that closed while the episode was open."""
+
+
+class SessionDropped(EpisodeProtocolError):
+    """The session's connection closed while a call waited for its answer: the server stopped, crashed or dropped
+    it."""

@@ -11,7 +11,7 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,11 +23,13 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from chat_core._json import parse_json
 from chat_core.errors import (
     CapacityExhausted,
+    EnvCallTimeout,
     EpisodeProtocolError,
     InvalidServerUrl,
     NotAnOpenEnvServer,
     ServerError,
     ServerUnreachable,
+    SessionDropped,
 )
 
 _CAPACITY_REACHED = "CAPACITY_REACHED"
@@ -212,14 +214,16 @@ class EpisodeSession:
     Not safe for concurrent use: each call waits for its answer before the next may be sent.
 
     ``capacity_wait_s`` is how long ``reset`` waited for a free session, and ``max_sessions`` the server's limit on
-    sessions when a refusal told it."""
+    sessions when a refusal told it. ``call_deadline_s`` bounds each call's wait for its answer (each of reset's
+    attempts counts as one call); past it the call raises EnvCallTimeout, after which only ``close`` is of use."""
 
-    def __init__(self, url: str, *, capacity_wait: CapacityWait | None = None):
+    def __init__(self, url: str, *, capacity_wait: CapacityWait | None = None, call_deadline_s: float | None = None):
         """Raises InvalidServerUrl when ``url`` isn't an absolute http(s) URL. Nothing is connected until
         ``reset``."""
         self.url = server_url(url)
         self._ws_url = "ws" + self.url.removeprefix("http") + "/ws"
         self._capacity_wait = capacity_wait or CapacityWait()
+        self._call_deadline_s = call_deadline_s
         self._ws: ClientConnection | None = None
         self._started = False
         self._closed = False
@@ -237,8 +241,8 @@ class EpisodeSession:
         server couldn't start it, an observation that is ``done`` with its ``error``. While the server is at
         capacity it retries as ``capacity_wait`` says, then raises CapacityExhausted; the time spent is added to
         ``capacity_wait_s``. Raises ServerUnreachable when the server can't be reached, EpisodeProtocolError when it
-        answers outside the protocol, and RuntimeError when the session has already reset or closed: a session
-        plays one episode."""
+        answers outside the protocol, EnvCallTimeout when an attempt goes unanswered past ``call_deadline_s``, and
+        RuntimeError when the session has already reset or closed: a session plays one episode."""
         if self._started or self._closed:
             raise RuntimeError("this session has already played an episode; open a new EpisodeSession for another")
         self._started = True
@@ -248,8 +252,9 @@ class EpisodeSession:
         refused = False
         while True:
             attempt = time.monotonic()
-            self._ws = await self._connect()
-            frame = await self._first_answer(message)
+            async with self._deadline("reset"):
+                self._ws = await self._connect()
+                frame = await self._first_answer(message)
             if not _is_capacity_refusal(frame):
                 if refused:
                     self.capacity_wait_s += attempt - began
@@ -266,15 +271,16 @@ class EpisodeSession:
 
     async def list_tools(self) -> Observation:
         """The tools of the current turn in ``tools``, or an observation that is ``done`` when the episode can't go
-        on. Raises EpisodeProtocolError as ``reset`` does, and RuntimeError before ``reset`` or after ``close``."""
+        on. Raises EpisodeProtocolError and EnvCallTimeout as ``reset`` does, and RuntimeError before ``reset`` or
+        after ``close``."""
         return await self._step({"type": "list_tools"}, "list_tools")
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> Observation:
         """Call the turn's tool ``name``: its answer in ``body["result"]``, or its failure in ``body["error"]``
         (the episode goes on). Calling ``end_turn`` with ``{"response": reply}`` hands the turn back: the next
         turn's prompts in ``body["result"]``, or ``done`` with the reward once the last turn ends. Raises TypeError
-        when ``arguments`` isn't a mapping (the server would refuse it), EpisodeProtocolError as ``reset`` does,
-        and RuntimeError before ``reset`` or after ``close``."""
+        when ``arguments`` isn't a mapping (the server would refuse it), EpisodeProtocolError and EnvCallTimeout as
+        ``reset`` does, and RuntimeError before ``reset`` or after ``close``."""
         if not isinstance(arguments, Mapping):
             raise TypeError(f"tool arguments must be a JSON object, not {type(arguments).__name__}")
         return await self._step(
@@ -314,20 +320,29 @@ class EpisodeSession:
     async def _step(self, data: dict[str, Any], what: str) -> Observation:
         if self._ws is None:
             raise RuntimeError(f"{what} needs an open episode: call reset first, and not after close")
+        async with self._deadline(what):
+            try:
+                await self._ws.send(json.dumps({"type": "step", "data": data}))
+            except ConnectionClosed as e:
+                raise SessionDropped(f"the session closed before {what} could be sent: {_closing(e)}") from None
+            frame = await self._receive(what)
+        return self._observation(frame, what)
+
+    @contextlib.asynccontextmanager
+    async def _deadline(self, what: str) -> AsyncIterator[None]:
+        """Bound the ``with`` body by ``call_deadline_s``, raising EnvCallTimeout naming ``what`` past it."""
         try:
-            await self._ws.send(json.dumps({"type": "step", "data": data}))
-        except ConnectionClosed as e:
-            raise EpisodeProtocolError(f"the session closed before {what} could be sent: {_closing(e)}") from None
-        return self._observation(await self._receive(what), what)
+            async with asyncio.timeout(self._call_deadline_s):
+                yield
+        except TimeoutError:
+            raise EnvCallTimeout(f"{self.url} didn't answer {what} within {self._call_deadline_s:g} s") from None
 
     async def _receive(self, what: str) -> dict[str, Any]:
         assert self._ws is not None
         try:
             raw = await self._ws.recv()
         except ConnectionClosed as e:
-            raise EpisodeProtocolError(
-                f"the session closed while waiting for the answer to {what}: {_closing(e)}"
-            ) from None
+            raise SessionDropped(f"the session closed while waiting for the answer to {what}: {_closing(e)}") from None
         try:
             frame = parse_json(raw)
         except ValueError as e:

@@ -24,7 +24,8 @@ class EpisodeOutcome:
     ``reward`` is None unless the episode can be trained on (``scored``); ``reason`` is then the kind of its first
     fatal flag. ``turns``, ``model_calls``, ``tool_calls`` and ``tool_errors`` count the whole episode; ``env_s``,
     ``model_s``, ``capacity_wait_s`` and ``wall_s`` are its seconds in env calls, waiting for the model, waiting for
-    a free env session, and in all. ``truncated``: a reply was cut by the token limit."""
+    a free env session, and in all. ``truncated``: a reply was cut by the token limit. ``env_server``: the env
+    server that played it (a pool's replica, or the row's own server), None when none did."""
 
     reward: float | None
     scored: bool
@@ -39,6 +40,7 @@ class EpisodeOutcome:
     capacity_wait_s: float
     wall_s: float
     truncated: bool
+    env_server: str | None
 
     @classmethod
     def of(cls, result: EpisodeResult) -> EpisodeOutcome:
@@ -58,13 +60,14 @@ class EpisodeOutcome:
             capacity_wait_s=result.timings.capacity_wait_s,
             wall_s=result.timings.wall_s,
             truncated=any(flag.kind == FlagKind.REPLY_TRUNCATED for flag in result.flags),
+            env_server=result.env_server,
         )
 
     @classmethod
     def aborted(cls, message: str) -> EpisodeOutcome:
         """The outcome of an episode the trainer cut short before it ended: unscored, flagged ``rollout_aborted``."""
         flag = Flag(FlagKind.ROLLOUT_ABORTED, message)
-        return cls(None, False, str(flag.kind), (flag,), 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, False)
+        return cls(None, False, str(flag.kind), (flag,), 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, False, None)
 
     def to_metadata(self) -> dict[str, Any]:
         """The outcome as JSON data, the value of ``OUTCOME_KEY`` in a sample's metadata."""

@@ -9,7 +9,8 @@ agent when it aborts a rollout; it cancels the episodes still playing in this pr
 and comes back flagged instead of playing on against an aborted model.
 
 The agent takes no Miles arguments, so its limits are fixed when it is made: ``make_agent(limits)`` makes one with
-other limits, for a module of the user's own that also exports this ``abort``.
+other limits or a pool of env servers (``Limits(env_servers=[...])``), for a module of the user's own that also
+exports this ``abort``.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def make_agent(limits: Limits) -> Agent:
         ``chat_core.OUTCOME_KEY`` (its reward, None unless it can be trained on, its flags, counts and seconds) and
         ``agent_metrics.total_tool_time`` (seconds in the env, which Miles counts as time
         spent outside generation). Raises ValueError when ``metadata`` isn't a row written by
-        ``chat_core.prepare``; Miles logs it and leaves the sample aborted."""
+        ``chat_core.prepare``, and ServerMismatch when a server of the pool ``limits.env_servers`` (or
+        ``TRAINER_HELPERS_ENV_SERVERS``) names serves other tasks; Miles logs it and leaves the sample aborted."""
         chat = ChatEndpoint(url=base_url.rstrip("/") + "/v1/chat/completions", model=MODEL)
         episode = asyncio.create_task(play(metadata, chat, request_kwargs, limits))
         _playing.add(episode)

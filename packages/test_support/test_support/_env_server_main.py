@@ -1,9 +1,9 @@
 """The process ``serve_bundle`` starts: agent-env's ``build_app`` over a bundle, served by uvicorn on a free loopback
 port, plus one route, ``GET /test-support/open``, saying how many episodes and WebSocket sessions it holds open.
 
-Run as ``python -m test_support._env_server_main BUNDLE PORT_FILE MAX_CONCURRENT_ENVS PARENT_PID``. The port is
-written to PORT_FILE once the socket listens; the Task API answers once the app has started. The server shuts down
-by itself once PARENT_PID is no longer its parent.
+Run as ``python -m test_support._env_server_main BUNDLE PORT_FILE MAX_CONCURRENT_ENVS PARENT_PID PORT`` (PORT 0:
+a free one). The port is written to PORT_FILE once the socket listens; the Task API answers once the app has
+started. The server shuts down by itself once PARENT_PID is no longer its parent.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from openenv.core.env_server.http_server import HTTPEnvServer
 from .env_server import OPEN_ROUTE
 
 
-def main(bundle: str, port_file: str, max_concurrent_envs: str, parent_pid: str) -> None:
+def main(bundle: str, port_file: str, max_concurrent_envs: str, parent_pid: str, port: str) -> None:
     _stop_when_orphaned(int(parent_pid))
     app = build_app(Path(bundle), max_concurrent_envs=int(max_concurrent_envs))
     sessions = _env_server(app)
@@ -35,7 +35,7 @@ def main(bundle: str, port_file: str, max_concurrent_envs: str, parent_pid: str)
         return {"episodes": len(episodes._live), "sessions": sessions.active_sessions}
 
     app.add_api_route(OPEN_ROUTE, held_open, methods=["GET"])
-    listening = socket.create_server(("127.0.0.1", 0))
+    listening = socket.create_server(("127.0.0.1", int(port)))
     partial = f"{port_file}.partial"
     Path(partial).write_text(str(listening.getsockname()[1]))
     os.replace(partial, port_file)

@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,18 @@ class ServedBundle:
     url: str
     env_name: str
     state_dir: Path
+    process: subprocess.Popen = field(repr=False, compare=False)
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def kill(self) -> None:
+        """Kill the server and every process it started at once, as a node's crash would: no episode is torn down
+        and no session is closed. Returns once the server is gone; ``serve_bundle`` then checks nothing at exit."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
 
     @property
     def ws_url(self) -> str:
@@ -127,18 +139,21 @@ def serve_bundle(
     bundle_dir: str | Path = SAMPLE_BUNDLE,
     *,
     max_concurrent_envs: int = 8,
+    port: int = 0,
     python: str | Path | None = None,
     startup_timeout: float = 120.0,
     close_timeout: float = 10.0,
 ) -> Iterator[ServedBundle]:
-    """Serve ``bundle_dir`` (the sample bundle by default) with ``build_app`` in a subprocess, and yield it once its
-    Task API answers. The server runs on ``python``, by default the interpreter ENV_SERVER_PYTHON names, else this
-    one: it needs agentenv-framework[openenv] and uvicorn, which a trainer's environment may lack.
+    """Serve ``bundle_dir`` (the sample bundle by default) with ``build_app`` in a subprocess on loopback at
+    ``port`` (0: a free one; a killed server's port can serve again), and yield it once its Task API answers. The
+    server runs on ``python``, by default the interpreter ENV_SERVER_PYTHON names, else this one: it needs
+    agentenv-framework[openenv] and uvicorn, which a trainer's environment may lack.
 
-    When the ``with`` body ends without an error, it waits up to ``close_timeout`` seconds for nothing to be held
-    open and raises LeftOpen if something still is. Whatever happens, the server is then stopped, gracefully and
-    then by force, with every process it started. Raises ServerFailed, with the server's log, when it exits or isn't
-    ready within ``startup_timeout`` seconds, and FileNotFoundError when ``bundle_dir`` isn't a folder."""
+    When the ``with`` body ends without an error and the server wasn't killed, it waits up to ``close_timeout``
+    seconds for nothing to be held open and raises LeftOpen if something still is. Whatever happens, the server is
+    then stopped, gracefully and then by force, with every process it started. Raises ServerFailed, with the
+    server's log, when it exits or isn't ready within ``startup_timeout`` seconds, and FileNotFoundError when
+    ``bundle_dir`` isn't a folder."""
     bundle = Path(bundle_dir).resolve()
     if not bundle.is_dir():
         raise FileNotFoundError(f"there is no bundle folder at {bundle}")
@@ -156,6 +171,7 @@ def serve_bundle(
                     str(port_file),
                     str(max_concurrent_envs),
                     str(os.getpid()),
+                    str(port),
                 ],
                 env=_server_environment(state_dir),
                 cwd=state_dir,
@@ -167,7 +183,8 @@ def serve_bundle(
         try:
             served = _ready(process, state_dir, port_file, startup_timeout)
             yield served
-            served.wait_until_closed(close_timeout)
+            if process.poll() is None:
+                served.wait_until_closed(close_timeout)
         finally:
             _stop(process)
 
@@ -212,7 +229,7 @@ def _ready(process: subprocess.Popen, state_dir: Path, port_file: Path, timeout:
             except httpx.HTTPError:
                 envs = None
             if envs:
-                return ServedBundle(url=url, env_name=envs[0], state_dir=state_dir)
+                return ServedBundle(url=url, env_name=envs[0], state_dir=state_dir, process=process)
         time.sleep(0.1)
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -43,6 +44,15 @@ TOOLS = [
             "required": ["name"],
         },
     },
+    {
+        "name": "wait_for_truck",
+        "description": "Wait at the loading dock until the delivery truck arrives, which takes the seconds given.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"seconds": {"type": "number", "description": "How long the truck takes."}},
+            "required": ["seconds"],
+        },
+    },
 ]
 
 
@@ -55,7 +65,13 @@ class Warehouse:
 
     def call(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
         """The text a tool call answers with, and whether it is an error: an unknown tool, or arguments it can't
-        take."""
+        take. ``wait_for_truck`` sleeps outside the lock, so it stands for a tool that waits on I/O."""
+        if name == "wait_for_truck":
+            seconds = arguments.get("seconds")
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+                return f"wait_for_truck needs the seconds as a number of at least 0, not {seconds!r}", True
+            time.sleep(seconds)
+            return f"The truck arrived after {seconds:g} s.", False
         with self._lock:
             if name == "list_crates":
                 return json.dumps(sorted(self._shelves)), False

@@ -1,0 +1,295 @@
+"""A pool of env servers serving one bundle, and the routing of episodes over them.
+
+A launch names the pool (``Limits.env_servers``, else the environment variable ``TRAINER_HELPERS_ENV_SERVERS``);
+its rows are then played on the pool instead of the server each row was prepared from. Before a server gets its
+first episode it is checked to serve the rows' env with the same task ids per split as the others; a server that
+doesn't is a ``ServerMismatch`` for every later episode, since the launch names the wrong server.
+
+Routing: each episode starts on the server with the fewest episodes in flight from this process, within the session
+limit a server's ``CAPACITY_REACHED`` refusal told. A full server is skipped for another; one that can't be reached,
+or drops the session before the episode has started, is rested for a second, twice as long each time it fails
+again in a row (up to half a minute), and tried again when its rest is over. Once an episode has started it stays on its
+server: a server dying mid-episode ends that episode flagged. The pool's state lives in the process, shared by every
+episode that names the same servers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from chat_core.errors import CapacityExhausted, OpenEnvError, ServerMismatch, ServerUnreachable, SessionDropped
+from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation, OpenEnvServer, server_url
+from chat_core.rows import EpisodeRef
+
+ENV_SERVERS_VARIABLE = "TRAINER_HELPERS_ENV_SERVERS"
+_REST_FIRST_S = 1.0
+_REST_MAX_S = 30.0
+_FULL_PAUSE_S = 0.25
+_POLL_S = 0.05
+
+Catalogue = dict[str, tuple[str, ...]]
+"""A server's task ids, by split, in index order."""
+
+
+def env_servers(named: Sequence[str]) -> tuple[str, ...]:
+    """The pool a launch names: ``named`` (the launch's own setting) when it names any server, else the
+    comma-separated URLs of ``TRAINER_HELPERS_ENV_SERVERS``, else none, and each row plays on its own server. Raises
+    InvalidServerUrl when a URL isn't an absolute http(s) URL."""
+    if named:
+        return tuple(server_url(url) for url in named)
+    listed = os.environ.get(ENV_SERVERS_VARIABLE, "")
+    return tuple(server_url(url) for url in listed.split(",") if url.strip())
+
+
+@dataclass
+class _Server:
+    """What the pool knows of one server: its task ids once checked, the episodes this process plays on it, the
+    session limit it told, and until when it is skipped (full, or rested after failing)."""
+
+    url: str
+    catalogue: Catalogue | None = None
+    in_flight: int = 0
+    max_sessions: int | None = None
+    full_until: float = 0.0
+    rested_until: float = 0.0
+    rest_s: float = 0.0
+    failure: str | None = None
+    chosen: int = 0
+
+    def has_room(self, now: float) -> bool:
+        return (
+            self.catalogue is not None
+            and self.rested_until <= now
+            and self.full_until <= now
+            and (self.max_sessions is None or self.in_flight < self.max_sessions)
+        )
+
+    def failed(self, why: str, now: float) -> None:
+        self.rest_s = min(max(self.rest_s * 2, _REST_FIRST_S), _REST_MAX_S)
+        self.rested_until = now + self.rest_s
+        self.failure = why
+
+    def answered(self) -> None:
+        self.rest_s, self.failure = 0.0, None
+
+
+class EnvPool:
+    """The servers of one pool and what the process knows of each. ``EnvPool.of(urls)`` is the process's one pool
+    of those servers; ``session(...)`` gives an episode's session on it."""
+
+    _pools: ClassVar[dict[tuple[str, ...], EnvPool]] = {}
+
+    def __init__(self, urls: tuple[str, ...]):
+        self._servers = [_Server(url) for url in urls]
+        self._refusal: ServerMismatch | None = None
+        self._env_name: str | None = None
+        self._reference: tuple[str, Catalogue] | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
+        self._loop_lock: asyncio.Lock | None = None
+        self._picks = 0
+
+    @classmethod
+    def of(cls, urls: tuple[str, ...]) -> EnvPool:
+        if urls not in cls._pools:
+            cls._pools[urls] = cls(urls)
+        return cls._pools[urls]
+
+    def in_flight(self) -> dict[str, int]:
+        """How many episodes this process plays on each server now."""
+        return {server.url: server.in_flight for server in self._servers}
+
+    async def check(self, episode: EpisodeRef) -> None:
+        """Check the servers not checked yet that aren't resting, then ``episode``'s row against the pool. Raises
+        ServerMismatch when a server serves another env, other splits or other task ids than the pool's first
+        checked one (then at every later call too), or doesn't serve the row's task at the row's place."""
+        await self._check_due()
+        if self._env_name is not None and self._env_name != episode.env_name:
+            raise ServerMismatch(
+                f"the env servers {', '.join(self._urls())} serve env {self._env_name!r}, but the row is of env "
+                f"{episode.env_name!r}: name this env's servers to the launch"
+            )
+        if self._reference is not None:
+            url, catalogue = self._reference
+            served = catalogue.get(episode.split, ())
+            task = served[episode.index] if episode.index < len(served) else None
+            if task != episode.task_id:
+                raise ServerMismatch(
+                    f"{url} serves {task!r} as task #{episode.index} of split {episode.split!r}, but the row is for "
+                    f"{episode.task_id!r}: prepare the rows again from the pool's bundle"
+                )
+
+    async def _check_due(self) -> None:
+        """Check the servers not checked yet whose rest is over; raises the pool's ServerMismatch if it has one."""
+        if self._refusal is None:
+            async with self._lock():
+                now = time.monotonic()
+                due = [s for s in self._servers if s.catalogue is None and s.rested_until <= now]
+                for server, found in zip(due, await asyncio.gather(*map(self._catalogue_of, due)), strict=True):
+                    if found is not None:
+                        self._admit(server, *found)
+        if self._refusal is not None:
+            raise self._refusal
+
+    def session(self, capacity_wait_s: float, call_deadline_s: float | None) -> PooledSession:
+        return PooledSession(self, capacity_wait_s, call_deadline_s)
+
+    async def _catalogue_of(self, server: _Server) -> tuple[str, Catalogue] | None:
+        """The env name and task ids ``server`` serves, or None when it can't be reached (it is rested)."""
+        try:
+            async with OpenEnvServer(server.url) as api:
+                name = await api.env_name()
+                splits = await api.splits()
+                tasks = await asyncio.gather(*map(api.tasks, splits))
+        except ServerUnreachable as e:
+            server.failed(str(e), time.monotonic())
+            return None
+        except OpenEnvError as e:
+            self._refusal = self._refusal or ServerMismatch(f"{server.url} can't serve the pool: {e}")
+            return None
+        return name, {split: tuple(task.id for task in listed) for split, listed in zip(splits, tasks, strict=True)}
+
+    def _admit(self, server: _Server, env_name: str, catalogue: Catalogue) -> None:
+        """Take ``server`` into the routing when it serves what the pool's first checked server does."""
+        if self._reference is None:
+            self._env_name, self._reference = env_name, (server.url, catalogue)
+        elif difference := _difference(env_name, catalogue, self._env_name or "", *self._reference):
+            self._refusal = self._refusal or ServerMismatch(
+                f"{server.url} serves {difference}: every server of the pool must serve the same bundle"
+            )
+            return
+        server.catalogue = catalogue
+        server.answered()
+
+    def _pick(self, now: float) -> _Server | None:
+        """The server with room that has the fewest episodes in flight, the least recently chosen of those."""
+        open_ = [server for server in self._servers if server.has_room(now)]
+        if not open_:
+            return None
+        chosen = min(open_, key=lambda server: (server.in_flight, server.chosen))
+        self._picks += 1
+        chosen.chosen = self._picks
+        return chosen
+
+    def _all_failing(self, now: float) -> bool:
+        return all(server.rested_until > now for server in self._servers)
+
+    def _failures(self) -> str:
+        return "; ".join(f"{server.url}: {server.failure}" for server in self._servers)
+
+    def _urls(self) -> list[str]:
+        return [server.url for server in self._servers]
+
+    def _lock(self) -> asyncio.Lock:
+        """The lock that lets one episode at a time check servers, made anew for each event loop that asks."""
+        loop = asyncio.get_running_loop()
+        if self._lock_loop is not loop or self._loop_lock is None:
+            self._lock_loop, self._loop_lock = loop, asyncio.Lock()
+        return self._loop_lock
+
+
+class PooledSession:
+    """An episode's session on whichever server of ``pool`` has room when ``reset`` is called, and on that server
+    until ``close``: the calls of ``EpisodeSession``, with ``url`` the server's once the episode has started."""
+
+    def __init__(self, pool: EnvPool, capacity_wait_s: float, call_deadline_s: float | None):
+        self._pool = pool
+        self._capacity_wait_s = capacity_wait_s
+        self._call_deadline_s = call_deadline_s
+        self._server: _Server | None = None
+        self._session: EpisodeSession | None = None
+        self.url: str | None = None
+        self.capacity_wait_s = 0.0
+
+    async def reset(self, split: str, index: int) -> Observation:
+        """Start task ``index`` of ``split`` on the server with room and the fewest episodes in flight, skipping
+        full and failing servers (unreachable, or dropping the session before the episode starts) for others. Waits
+        up to ``capacity_wait_s`` while every server is full, then raises CapacityExhausted; raises
+        ServerUnreachable at once when every server is resting after failing, ServerMismatch when a server checked
+        meanwhile serves something else, and otherwise as ``EpisodeSession.reset`` does."""
+        began = time.monotonic()
+        while True:
+            now = time.monotonic()
+            server = self._pool._pick(now)
+            if server is None:
+                if self._pool._all_failing(now):
+                    raise ServerUnreachable(f"no env server of the pool can be reached: {self._pool._failures()}")
+                if now - began >= self._capacity_wait_s:
+                    self.capacity_wait_s = now - began
+                    raise CapacityExhausted(_full_message(self._pool, now - began), None)
+                await asyncio.sleep(min(_POLL_S, self._capacity_wait_s - (now - began)))
+                await self._pool._check_due()
+                continue
+            session = EpisodeSession(
+                server.url, capacity_wait=CapacityWait(total_s=0), call_deadline_s=self._call_deadline_s
+            )
+            server.in_flight += 1
+            try:
+                started = await session.reset(split, index)
+            except CapacityExhausted as e:
+                server.max_sessions = e.max_sessions
+                server.full_until = time.monotonic() + _FULL_PAUSE_S
+            except (ServerUnreachable, SessionDropped) as e:
+                server.failed(str(e), time.monotonic())
+            except BaseException:
+                server.in_flight -= 1
+                await session.close()
+                raise
+            else:
+                server.answered()
+                self._server, self._session, self.url = server, session, server.url
+                self.capacity_wait_s = now - began
+                return started
+            server.in_flight -= 1
+            await session.close()
+
+    async def list_tools(self) -> Observation:
+        return await self._started().list_tools()
+
+    async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> Observation:
+        return await self._started().call_tool(name, arguments)
+
+    async def close(self) -> None:
+        """End the session and free its place on its server. Safe to call at any time and more than once."""
+        session, server = self._session, self._server
+        self._session = self._server = None
+        if server is not None:
+            server.in_flight -= 1
+        if session is not None:
+            await session.close()
+
+    def _started(self) -> EpisodeSession:
+        if self._session is None:
+            raise RuntimeError("the pooled session has no episode: call reset first, and not after close")
+        return self._session
+
+
+def _difference(
+    env_name: str, catalogue: Catalogue, reference_env: str, reference_url: str, reference: Catalogue
+) -> str | None:
+    """What a server serving ``env_name`` with ``catalogue`` serves differently from the reference server, or None."""
+    if env_name != reference_env:
+        return f"env {env_name!r}, but {reference_url} serves env {reference_env!r}"
+    if list(catalogue) != list(reference):
+        return f"the splits {list(catalogue)}, but {reference_url} serves {list(reference)}"
+    for split, ids in catalogue.items():
+        if ids != reference[split]:
+            for index, (here, there) in enumerate(zip(ids, reference[split], strict=False)):
+                if here != there:
+                    return f"{here!r} as task #{index} of split {split!r}, but {reference_url} serves {there!r}"
+            return f"{len(ids)} tasks in split {split!r}, but {reference_url} serves {len(reference[split])}"
+    return None
+
+
+def _full_message(pool: EnvPool, waited: float) -> str:
+    limits = ", ".join(
+        f"{server.url} ({server.max_sessions if server.max_sessions is not None else '?'} sessions)"
+        for server in pool._servers
+    )
+    return (
+        f"every env server of the pool stayed full for {waited:.1f} s: {limits}; run fewer episodes at once, wait "
+        "longer, or serve more replicas"
+    )
