@@ -21,6 +21,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from chat_core._json import parse_json
+from chat_core._net import proxy_from_env
 from chat_core.errors import (
     CapacityExhausted,
     EpisodeProtocolError,
@@ -133,7 +134,7 @@ class OpenEnvServer:
     def __init__(self, url: str, *, timeout_s: float = _HTTP_TIMEOUT_S):
         """Raises InvalidServerUrl when ``url`` isn't an absolute http(s) URL."""
         self.url = server_url(url)
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s)
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s, trust_env=proxy_from_env())
         self._env_name: str | None = None
 
     async def __aenter__(self) -> OpenEnvServer:
@@ -295,6 +296,7 @@ class EpisodeSession:
                 close_timeout=_CLOSE_TIMEOUT_S,
                 max_size=None,
                 compression=None,
+                proxy=True if proxy_from_env() else None,
             )
         except (OSError, TimeoutError) as e:
             raise ServerUnreachable(f"can't open a session at {self._ws_url}: {_described(e)}") from None
