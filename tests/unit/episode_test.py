@@ -187,6 +187,24 @@ def test_every_sample_task_earns_its_reward(
     assert scripted_model.unscripted == []
 
 
+def test_the_timings_add_up_to_the_wall_time(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    """Connecting, closing and the chat client's set-up are counted in env_s or model_s, so what is left of wall_s
+    is the loop's own work: a few milliseconds of CPU, whatever the server's close takes."""
+    results = [
+        _play(sample_env, rows[task], scripted_model, SCRIPTS[task], session=f"timed-{task}-{n}")
+        for n in range(3)
+        for task in ("played", "two_turns")
+    ]
+
+    for result in results:
+        timings = result.timings
+        own = timings.wall_s - timings.env_s - timings.model_s - timings.capacity_wait_s
+        assert result.scored, result.flags
+        assert 0 <= own < 0.015, (result.episode.task_name, timings)
+
+
 def test_a_tool_call_is_run_and_answered(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
     sampling = {"temperature": 0.7, "top_k": 20, "max_tokens": 64}
 
