@@ -316,8 +316,12 @@ class EpisodeSession:
     async def _step(self, data: dict[str, Any], what: str) -> Observation:
         if self._ws is None:
             raise RuntimeError(f"{what} needs an open episode: call reset first, and not after close")
+        return await self._exchange({"type": "step", "data": data}, what)
+
+    async def _exchange(self, message: dict[str, Any], what: str) -> Observation:
+        assert self._ws is not None
         try:
-            await self._ws.send(json.dumps({"type": "step", "data": data}))
+            await self._ws.send(json.dumps(message))
         except ConnectionClosed as e:
             raise EpisodeProtocolError(f"the session closed before {what} could be sent: {_closing(e)}") from None
         return self._observation(await self._receive(what), what)
@@ -365,6 +369,20 @@ class EpisodeSession:
             await ws.close()
         finally:
             ws.transport.abort()
+
+
+class ProbeSession(EpisodeSession):
+    """A session that starts tasks one after another on one connection, for what each one's first turn offers, and
+    plays none. Each ``reset`` after the first abandons the episode before it: the server tears it down and runs
+    none of its verifiers, as when a session closes, so a probe costs no connection of its own (connecting and
+    closing were most of a probe's cost). ``close`` abandons the last one."""
+
+    async def reset(self, split: str, index: int) -> Observation:
+        """Start task ``index`` of ``split``, abandoning the task started before it; raises as
+        ``EpisodeSession.reset`` does, except that a session may reset again until it closes."""
+        if self._ws is None or self._closed:
+            return await super().reset(split, index)
+        return await self._exchange({"type": "reset", "data": {"split": split, "index": index}}, "reset")
 
 
 def _task_of(split: str, described: Any) -> TaskInfo:

@@ -4,7 +4,8 @@ answers at once (or after a fixed delay) without a script to keep.
 
 The env stand-in speaks the real wire: the Task API (``GET /list_environments``, ``GET /{env}/splits``, ``POST
 /{env}/tasks``) and one episode per WebSocket session on ``/ws``, answering each message with the frame the real
-server answered it with, and an error frame when the message isn't the one recorded. It serves the recorded task
+server answered it with, and an error frame when the message isn't the one recorded; a reset starts the recording
+over, as a reset on the real server abandons the episode before it. It serves the recorded task
 ``--tasks`` times over (``split all``, index ``i``), each reset's frame naming its own task. The model replies to a
 turn's first request with ``TOOL_CALLS[turn]`` and to the next with ``REPLIES[turn]``: 2 turns x 3 tool calls.
 
@@ -73,23 +74,23 @@ def env_app(frames: dict[str, Any], tasks: int) -> web.Application:
             sent = json.loads(message.data)
             if sent.get("type") == "close":
                 break
-            if position < 0 and sent.get("type") == "reset":
-                index = sent["data"]["index"]
+            if sent.get("type") == "reset":
                 frame = copy.deepcopy(first_frame)
-                task = listed[index]
+                task = listed[sent["data"]["index"]]
                 frame["data"]["metadata"]["task"] = {key: task[key] for key in ("id", "name", "index")} | {
                     "split": "all"
                 }
                 await ws.send_str(json.dumps(frame))
+                position = 0
             elif 0 <= position < len(steps) and sent == steps[position][0]:
                 await ws.send_str(steps[position][1])
+                position += 1
             else:
-                expected = steps[position][0] if 0 <= position < len(steps) else "nothing more"
+                expected = steps[position][0] if 0 <= position < len(steps) else "a reset"
                 await ws.send_json(
                     {"type": "error", "data": {"code": "STAND_IN", "message": f"recorded {expected}, got {sent}"}}
                 )
                 break
-            position += 1
         await ws.close()
         return ws
 
