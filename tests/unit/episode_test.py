@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from chat_core import ChatEndpoint, EpisodeResult, FlagKind, Limits, play
+from chat_core._net import chat_client
 from chat_core.openenv_client import EpisodeSession
 from chat_core.prepare import write_rows
 from test_support import (
@@ -203,6 +204,17 @@ def test_the_timings_add_up_to_the_wall_time(
         own = timings.wall_s - timings.env_s - timings.model_s - timings.capacity_wait_s
         assert result.scored, result.flags
         assert 0 <= own < 0.015, (result.episode.task_name, timings)
+
+
+def test_an_event_loops_episodes_share_one_chat_client_closed_with_the_loop() -> None:
+    async def asked_twice() -> tuple[Any, Any]:
+        return await chat_client(), await chat_client()
+
+    first, again = asyncio.run(asked_twice())
+    other, _ = asyncio.run(asked_twice())
+
+    assert first is again and first.closed
+    assert other is not first and other.closed
 
 
 def test_a_tool_call_is_run_and_answered(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
