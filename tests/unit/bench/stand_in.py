@@ -37,6 +37,7 @@ TOOL_CALLS = (
 )
 REPLIES = ("There are apples and pears; the pears are on shelf 9C.", "The pears are on 9C, the apples on 4B.")
 _READY_S = 30.0
+_ID, _NAME, _INDEX = "\u0000id", "\u0000name", -987654321
 
 
 def task_of(recorded: dict[str, Any], index: int, count: int) -> dict[str, Any]:
@@ -52,8 +53,18 @@ def env_app(frames: dict[str, Any], tasks: int) -> web.Application:
     env, recorded = frames["env_name"], frames["task"]
     listed = [task_of(recorded, index, tasks) for index in range(tasks)]
     exchange = frames["exchange"]
-    first_frame = exchange[0][1]
+    reset_frame = copy.deepcopy(exchange[0][1])
+    reset_frame["data"]["metadata"]["task"] = {"id": _ID, "name": _NAME, "split": "all", "index": _INDEX}
+    reset_template = json.dumps(reset_frame)
     steps = [(message, json.dumps(frame)) for message, frame in exchange[1:]]
+
+    def reset_answer(index: int) -> str:
+        task = listed[index]
+        return (
+            reset_template.replace(json.dumps(_ID), json.dumps(task["id"]))
+            .replace(json.dumps(_NAME), json.dumps(task["name"]))
+            .replace(str(_INDEX), str(index))
+        )
 
     async def environments(request: web.Request) -> web.Response:
         return web.json_response([env])
@@ -75,12 +86,7 @@ def env_app(frames: dict[str, Any], tasks: int) -> web.Application:
             if sent.get("type") == "close":
                 break
             if sent.get("type") == "reset":
-                frame = copy.deepcopy(first_frame)
-                task = listed[sent["data"]["index"]]
-                frame["data"]["metadata"]["task"] = {key: task[key] for key in ("id", "name", "index")} | {
-                    "split": "all"
-                }
-                await ws.send_str(json.dumps(frame))
+                await ws.send_str(reset_answer(sent["data"]["index"]))
                 position = 0
             elif 0 <= position < len(steps) and sent == steps[position][0]:
                 await ws.send_str(steps[position][1])
