@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from chat_core import ServerError
 from chat_core.openenv_client import OpenEnvServer
-from chat_core.prepare import main
+from chat_core.prepare import main, write_rows
 from chat_core.rows import EpisodeRef
 from test_support import SAMPLE_ENV, ServedBundle
 from test_support.loopback import LoopbackServer, Request
@@ -113,6 +113,17 @@ def test_the_same_server_gives_the_same_bytes(
 
     for name in ("all.jsonl", "happy.jsonl"):
         assert (again / name).read_bytes() == (prepared.out / name).read_bytes()
+
+
+def test_one_session_probing_every_task_in_turn_writes_the_same_rows(
+    sample_env: ServedBundle, prepared: Prepared, tmp_path: Path
+) -> None:
+    """A probe session resets task after task, each reset abandoning the episode before it: the rows are the same as
+    with a session per worker, and the server holds nothing open afterwards (the fixture checks)."""
+    asyncio.run(write_rows(sample_env.url, tmp_path / "rows", concurrency=1, progress=False))
+
+    for name in ("all.jsonl", "happy.jsonl"):
+        assert (tmp_path / "rows" / name).read_bytes() == (prepared.out / name).read_bytes()
 
 
 def test_the_task_api_client_reads_the_server(sample_env: ServedBundle) -> None:

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import math
-import ssl
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -25,9 +23,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-import httpx
+import aiohttp
 
 from chat_core._json import parse_json
+from chat_core._net import chat_client
 from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
 from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation, server_url
 from chat_core.pool import EnvPool, PooledSession, env_servers
@@ -151,8 +150,10 @@ class TurnCounts:
 
 @dataclass
 class Timings:
-    """Seconds spent: inside env calls (``env_s``, waiting for a free session aside), waiting for the model
-    (``model_s``), waiting for a free env session (``capacity_wait_s``), and in all (``wall_s``)."""
+    """Seconds spent: inside env calls (``env_s``: connecting, every step and closing the session, waiting for a free
+    session aside), waiting for the model (``model_s``: every chat request, the event loop's chat client made by its
+    first), waiting for a free env session (``capacity_wait_s``), and in all (``wall_s``). What ``wall_s`` holds
+    beyond the other three is the loop's own work."""
 
     env_s: float = 0.0
     model_s: float = 0.0
@@ -232,9 +233,8 @@ async def play(
             capacity_wait=CapacityWait(total_s=limits.capacity_wait_s),
             call_deadline_s=limits.env_call_deadline_s,
         )
-    http = httpx.AsyncClient(timeout=None, verify=_tls())
     try:
-        await game.play(session, http)
+        await game.play(session)
     except ServerMismatch:
         raise
     except EnvCallTimeout as e:
@@ -247,9 +247,8 @@ async def play(
         game.fail(_kind_of(e), str(e))
     finally:
         try:
-            await session.close()
+            await game._env(None, session.close())
         finally:
-            await http.aclose()
             game.result.timings.capacity_wait_s = session.capacity_wait_s
             game.result.timings.env_s -= session.capacity_wait_s
             game.result.timings.wall_s = time.monotonic() - began
@@ -288,7 +287,7 @@ class _Game:
         self.result.reward = None
         self.result.flags.append(Flag(kind, message))
 
-    async def play(self, session: EpisodeSession | PooledSession, http: httpx.AsyncClient) -> None:
+    async def play(self, session: EpisodeSession | PooledSession) -> None:
         episode = self.result.episode
         started = await self._env("reset", session.reset(episode.split, episode.index))
         self.result.env_server = session.url
@@ -303,7 +302,7 @@ class _Game:
             )
         self._open_turn(started.metadata)
         while True:
-            ended = await self._play_turn(session, http)
+            ended = await self._play_turn(session)
             if ended is None:
                 return None
             if ended.done:
@@ -331,7 +330,7 @@ class _Game:
         self.result.transcript.append({"role": "user", "content": str(prompts.get("prompt") or "")})
         self.result.turns.append(TurnCounts())
 
-    async def _play_turn(self, session: EpisodeSession | PooledSession, http: httpx.AsyncClient) -> Observation | None:
+    async def _play_turn(self, session: EpisodeSession | PooledSession) -> Observation | None:
         """What ``end_turn`` answered, or None when the episode stopped during the turn (flagged)."""
         counts = self.result.turns[-1]
         calls = 0
@@ -341,7 +340,7 @@ class _Game:
             return None
         tools = [tool.as_openai() for tool in listed.tools]
         while True:
-            reply = await self._ask(http, tools)
+            reply = await self._ask(tools)
             if reply is None:
                 return None
             counts.model_calls += 1
@@ -404,7 +403,7 @@ class _Game:
             end["episode_ended"] = ended.done
         return ended
 
-    async def _ask(self, http: httpx.AsyncClient, tools: list[dict[str, Any]]) -> _Reply | None:
+    async def _ask(self, tools: list[dict[str, Any]]) -> _Reply | None:
         """The model's reply, or None when the chat failed or the deadline passed (flagged)."""
         left = self._limits.model_deadline_s - self.result.timings.model_s
         body = {**self._sampling, "model": self._chat.model, "messages": self.result.transcript, "tools": tools}
@@ -412,7 +411,9 @@ class _Game:
         try:
             with self._trace.span("model_call", {"turn": len(self.result.turns)}):
                 async with asyncio.timeout(left):
-                    response = await http.post(self._chat.url, json=body, headers=dict(self._chat.headers))
+                    client = await chat_client()
+                    async with client.post(self._chat.url, json=body, headers=self._chat.headers) as response:
+                        status, raw = response.status, await response.read()
         except TimeoutError:
             self.fail(
                 FlagKind.MODEL_DEADLINE,
@@ -420,24 +421,24 @@ class _Game:
                 f"was abandoned in turn {len(self.result.turns)}",
             )
             return None
-        except httpx.HTTPError as e:
+        except aiohttp.ClientError as e:
             self.fail(FlagKind.SESSION_FAILED, f"the chat request to {self._chat.url} failed: {_described(e)}")
             return None
         finally:
             self.result.timings.model_s += time.monotonic() - began
-        if response.is_error:
+        if status >= 400:
             self.fail(
                 FlagKind.SESSION_FAILED,
-                f"the chat endpoint {self._chat.url} answered HTTP {response.status_code}: {_clipped(response.text)}",
+                f"the chat endpoint {self._chat.url} answered HTTP {status}: {_clipped(_decoded(raw))}",
             )
             return None
         try:
-            return _reply_of(response, len(self.result.transcript))
+            return _reply_of(raw, len(self.result.transcript))
         except _ChatFailed as e:
             self.fail(FlagKind.SESSION_FAILED, f"the chat endpoint {self._chat.url} {e}")
             return None
 
-    async def _env(self, span: str | None, call: Any) -> Observation:
+    async def _env(self, span: str | None, call: Any) -> Any:
         """``call``'s observation, its time counted as the env's, in a trace span of its own when ``span`` names
         one (a caller that adds attributes opens the span itself)."""
         began = time.monotonic()
@@ -471,25 +472,18 @@ class _Game:
         return None
 
 
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    """The TLS settings of every chat client ``play`` opens, made once: making them reads the CA bundle, which took
-    0.1-0.3 s a client here, more than the rest of an episode's own work."""
-    return httpx.create_ssl_context()
-
-
-def _reply_of(response: httpx.Response, seen: int) -> _Reply:
+def _reply_of(raw: bytes, seen: int) -> _Reply:
     """The reply in a chat completion; raises _ChatFailed saying what is wrong with it. Tool calls without an id get
     one, unique in the episode, so each can be answered."""
     try:
-        completion = parse_json(response.content)
+        completion = parse_json(raw)
     except ValueError as e:
-        raise _ChatFailed(f"answered with something that isn't JSON ({e}): {_clipped(response.text)}") from None
+        raise _ChatFailed(f"answered with something that isn't JSON ({e}): {_clipped(_decoded(raw))}") from None
     choices = completion.get("choices") if isinstance(completion, dict) else None
     choice = choices[0] if isinstance(choices, list) and choices else None
     message = choice.get("message") if isinstance(choice, dict) else None
     if not isinstance(message, dict):
-        raise _ChatFailed(f"answered without a choice holding a message: {_clipped(response.text)}")
+        raise _ChatFailed(f"answered without a choice holding a message: {_clipped(_decoded(raw))}")
     if choice.get("finish_reason") == "abort":
         raise _ChatFailed("aborted the reply (finish_reason 'abort')")
     text = _text_of(message.get("content"))
@@ -563,6 +557,10 @@ def _kind_of(error: OpenEnvError) -> FlagKind:
     if isinstance(error, ServerUnreachable):
         return FlagKind.ENV_UNREACHABLE
     return FlagKind.PROTOCOL_ERROR
+
+
+def _decoded(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
 
 
 def _described(error: BaseException) -> str:

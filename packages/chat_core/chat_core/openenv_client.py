@@ -21,6 +21,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from chat_core._json import parse_json
+from chat_core._net import proxy_from_env
 from chat_core.errors import (
     CapacityExhausted,
     EnvCallTimeout,
@@ -135,7 +136,7 @@ class OpenEnvServer:
     def __init__(self, url: str, *, timeout_s: float = _HTTP_TIMEOUT_S):
         """Raises InvalidServerUrl when ``url`` isn't an absolute http(s) URL."""
         self.url = server_url(url)
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s)
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s, trust_env=proxy_from_env())
         self._env_name: str | None = None
 
     async def __aenter__(self) -> OpenEnvServer:
@@ -301,6 +302,7 @@ class EpisodeSession:
                 close_timeout=_CLOSE_TIMEOUT_S,
                 max_size=None,
                 compression=None,
+                proxy=True if proxy_from_env() else None,
             )
         except (OSError, TimeoutError) as e:
             raise ServerUnreachable(f"can't open a session at {self._ws_url}: {_described(e)}") from None
@@ -320,9 +322,13 @@ class EpisodeSession:
     async def _step(self, data: dict[str, Any], what: str) -> Observation:
         if self._ws is None:
             raise RuntimeError(f"{what} needs an open episode: call reset first, and not after close")
+        return await self._exchange({"type": "step", "data": data}, what)
+
+    async def _exchange(self, message: dict[str, Any], what: str) -> Observation:
+        assert self._ws is not None
         async with self._deadline(what):
             try:
-                await self._ws.send(json.dumps({"type": "step", "data": data}))
+                await self._ws.send(json.dumps(message))
             except ConnectionClosed as e:
                 raise SessionDropped(f"the session closed before {what} could be sent: {_closing(e)}") from None
             frame = await self._receive(what)
@@ -378,6 +384,20 @@ class EpisodeSession:
             await ws.close()
         finally:
             ws.transport.abort()
+
+
+class ProbeSession(EpisodeSession):
+    """A session that starts tasks one after another on one connection, for what each one's first turn offers, and
+    plays none. Each ``reset`` after the first abandons the episode before it: the server tears it down and runs
+    none of its verifiers, as when a session closes, so a probe costs no connection of its own (connecting and
+    closing were most of a probe's cost). ``close`` abandons the last one."""
+
+    async def reset(self, split: str, index: int) -> Observation:
+        """Start task ``index`` of ``split``, abandoning the task started before it; raises as
+        ``EpisodeSession.reset`` does, except that a session may reset again until it closes."""
+        if self._ws is None or self._closed:
+            return await super().reset(split, index)
+        return await self._exchange({"type": "reset", "data": {"split": split, "index": index}}, "reset")
 
 
 def _task_of(split: str, described: Any) -> TaskInfo:

@@ -10,7 +10,7 @@ or whether it works in a sandbox, so two tasks playing the same agent can offer 
 the other none), and an env's tools come from the server deployed for that episode; only the task itself says which
 tools it offers. A task served in several splits (an eval's tasks are also in
 ``all``) is probed once. Probes run at most ``concurrency`` at a time, fewer once the server reports a smaller
-limit."""
+limit; each worker probes its tasks one after another in one session (``ProbeSession``)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from chat_core.errors import OpenEnvError
-from chat_core.openenv_client import CapacityWait, EpisodeSession, OpenEnvServer, TaskInfo, Tool
+from chat_core.openenv_client import CapacityWait, OpenEnvServer, ProbeSession, TaskInfo, Tool
 from chat_core.rows import row_line, task_row
 
 DEFAULT_CONCURRENCY = 8
@@ -122,22 +122,22 @@ def main(argv: list[str] | None = None) -> int:
 async def _first_turn_tools(
     url: str, tasks: list[TaskInfo], concurrency: int, capacity_wait: CapacityWait | None, progress: bool
 ) -> dict[str, list[Tool]]:
-    """Each task's first-turn tools by task id, probed by workers that stop, beyond the server's session limit
-    once a refusal reports it, after their current probe. The first failure cancels the other probes and is
-    raised."""
+    """Each task's first-turn tools by task id, probed by workers, each in one session, that stop, beyond the
+    server's session limit once a refusal reports it, after their current probe. The first failure cancels the
+    other probes and is raised."""
     pending = deque(tasks)
     found: dict[str, list[Tool]] = {}
     allowed = min(concurrency, len(tasks))
 
     async def work(slot: int) -> None:
         nonlocal allowed
-        while pending and slot < allowed:
-            task = pending.popleft()
-            async with EpisodeSession(url, capacity_wait=capacity_wait) as session:
+        async with ProbeSession(url, capacity_wait=capacity_wait) as session:
+            while pending and slot < allowed:
+                task = pending.popleft()
                 found[task.id] = await _probed(session, task)
-            if session.max_sessions is not None:
-                allowed = max(1, min(allowed, session.max_sessions))
-            bar.update()
+                if session.max_sessions is not None:
+                    allowed = max(1, min(allowed, session.max_sessions))
+                bar.update()
 
     with tqdm(
         total=len(tasks), desc="probing first-turn tools", unit="task", file=sys.stderr, disable=not progress
@@ -151,8 +151,8 @@ async def _first_turn_tools(
     return found
 
 
-async def _probed(session: EpisodeSession, task: TaskInfo) -> list[Tool]:
-    """The tools ``task``'s first turn offers, from an episode that is then abandoned."""
+async def _probed(session: ProbeSession, task: TaskInfo) -> list[Tool]:
+    """The tools ``task``'s first turn offers, from an episode the session's next reset or close abandons."""
     where = f"task {task.name!r} ({task.split} #{task.index})"
     started = await session.reset(task.split, task.index)
     if started.done:

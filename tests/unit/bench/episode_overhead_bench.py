@@ -1,109 +1,234 @@
-"""How much time chat_core's episode loop adds to an episode, beside the env server's own time: a benchmark, not a
-test. It serves the sample bundle with agent-env's real server, answers every chat request at once from the scripted
-model, and plays one task's episode N times at each concurrency, then prints a table.
+"""What chat_core's episode loop costs the process that drives it: a benchmark, not a test. The env server and the
+model are fast stand-ins (``stand_in``), each in a process of its own, so the driver's CPU (``getrusage``) is the
+loop's own: ``play`` with its env session and chat client. Each episode is 2 turns x 3 tool calls (4 model turns).
 
-Per episode, ``env`` is the time inside env calls (reset, list_tools, call_tool, end_turn: the server's own work plus
-the loopback round trip), ``chat`` the time inside chat requests to a model that answers at once (the HTTP round trip
-and JSON, on both sides), and ``loop`` what is left of the wall time: the loop's own work. Ratios are to ``env``.
+It prints, for 1, 32, 256 and 1,024 concurrent episodes with a model that answers at once, the driver's CPU per
+model turn (min and median of 3 runs) and the loop's own wall time per turn from ``EpisodeResult.timings`` (wall -
+env - model - capacity wait); then 1,024 episodes with 2 s model turns, with the cores the driver used; then
+``prepare``'s tasks per second from a stand-in of 10,000 tasks at two ``--concurrency`` values.
 
-Run: ``PYTHONPATH=packages/chat_core:packages/test_support .venv/bin/python
-tests/unit/bench/episode_overhead_bench.py [--episodes N] [--task NAME]``."""
+Run: ``./bazelw run //tests/unit/bench:episode_overhead [-- --smoke]``; ``--smoke`` runs every part on a few
+episodes, once. ``--record`` plays the stand-in's task once on agent-env's real server through a relay and writes
+what the server answered to ``frames.json`` (then copy it into the source tree)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import resource
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import stand_in
 from chat_core import ChatEndpoint, EpisodeResult, Limits, play
 from chat_core.prepare import write_rows
-from test_support import SCRIPTS, ScriptedModel, serve_bundle
+from websockets.asyncio.client import connect
+from websockets.asyncio.server import ServerConnection, serve
 
-CONCURRENCIES = (1, 8, 32)
+BUNDLE = Path(__file__).resolve().with_name("bundle") / "bench-env"
+CONCURRENCIES = (1, 32, 256, 1024)
+SLOW_TURN_S = 2.0
+PREPARE_TASKS = 10_000
+PREPARE_CONCURRENCIES = (8, 64)
+RUNS = 3
 
 
-async def _play_all(
-    metadata: dict[str, Any], model: ScriptedModel, episodes: int, concurrency: int, label: str
-) -> tuple[list[EpisodeResult], float]:
-    """``episodes`` plays of ``metadata``'s task, at most ``concurrency`` at once, and the seconds they took."""
+@dataclass(frozen=True)
+class Run:
+    """One run of ``episodes`` episodes: the driver's CPU and wall seconds, and the episodes' results."""
+
+    cpu_s: float
+    wall_s: float
+    results: list[EpisodeResult]
+
+    @property
+    def model_turns(self) -> int:
+        return sum(turn.model_calls for result in self.results for turn in result.turns)
+
+    @property
+    def cpu_ms_per_turn(self) -> float:
+        return self.cpu_s / self.model_turns * 1000
+
+    @property
+    def own_ms_per_turn(self) -> float:
+        """The loop's own wall time per model turn, as the episodes' timings account for it."""
+        own = sum(
+            result.timings.wall_s - result.timings.env_s - result.timings.model_s - result.timings.capacity_wait_s
+            for result in self.results
+        )
+        return own / self.model_turns * 1000
+
+
+def cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measured(work: Callable[[], Any]) -> tuple[Any, float, float]:
+    """What ``work()`` returned, and the CPU and wall seconds this process spent on it."""
+    cpu, wall = cpu_s(), time.monotonic()
+    value = work()
+    return value, cpu_s() - cpu, time.monotonic() - wall
+
+
+async def play_all(rows: list[dict[str, Any]], model_url: str, episodes: int, concurrency: int) -> list[EpisodeResult]:
+    """``episodes`` episodes of ``rows``' tasks in turn, at most ``concurrency`` at once, each its own chat session."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(number: int) -> EpisodeResult:
-        chat = ChatEndpoint(
-            model.base_url + "/chat/completions", "bench", {"Authorization": f"Bearer {label}-{number}"}
-        )
+        chat = ChatEndpoint(model_url + "/v1/chat/completions", "bench", {"Authorization": f"Bearer ep-{number}"})
         async with gate:
-            return await play(metadata, chat, {}, Limits())
+            return await play(rows[number % len(rows)], chat, {}, Limits())
 
-    began = time.monotonic()
-    results = await asyncio.gather(*(one(number) for number in range(episodes)))
-    return results, time.monotonic() - began
+    return await asyncio.gather(*(one(number) for number in range(episodes)))
 
 
-def _row(concurrency: int, results: list[EpisodeResult], elapsed: float) -> list[str]:
-    unscored = [result for result in results if not result.scored]
-    if unscored:
-        raise SystemExit(f"{len(unscored)} episode(s) weren't scored, e.g. {unscored[0].flags}")
-    turns = sum(len(result.turns) for result in results)
-    env = sum(result.timings.env_s for result in results)
-    chat = sum(result.timings.model_s for result in results)
-    loop = sum(
-        result.timings.wall_s - result.timings.env_s - result.timings.model_s - result.timings.capacity_wait_s
-        for result in results
-    )
-    wall = statistics.mean(result.timings.wall_s for result in results)
-    return [
-        str(concurrency),
-        str(len(results)),
-        f"{len(results) / elapsed:.2f}",
-        f"{wall * 1000:.0f}",
-        f"{env / len(results) * 1000:.0f}",
-        f"{chat / len(results) * 1000:.1f}",
-        f"{loop / len(results) * 1000:.2f}",
-        f"{loop / turns * 1000:.2f}",
-        f"{loop / env:.4f}",
-        f"{chat / env:.4f}",
-    ]
+def run(rows: list[dict[str, Any]], model_url: str, episodes: int, concurrency: int) -> Run:
+    """One run in a fresh event loop, so whatever the loop sets up once per event loop is counted. Raises
+    SystemExit when an episode isn't scored: the benchmark measures only episodes played through."""
+    results, cpu, wall = measured(lambda: asyncio.run(play_all(rows, model_url, episodes, concurrency)))
+    if unscored := [result for result in results if not result.scored]:
+        raise SystemExit(f"{len(unscored)} of {episodes} episode(s) weren't scored, e.g. {unscored[0].flags}")
+    return Run(cpu, wall, results)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--episodes", type=int, default=32, help="episodes played at each concurrency")
-    parser.add_argument("--task", default="played", choices=sorted(SCRIPTS), help="the sample task played")
-    args = parser.parse_args()
-    with serve_bundle(max_concurrent_envs=max(CONCURRENCIES)) as served, ScriptedModel() as model:
-        with tempfile.TemporaryDirectory() as folder:
-            asyncio.run(write_rows(served.url, Path(folder) / "rows", progress=False))
-            rows = [json.loads(line) for line in (Path(folder) / "rows" / "all.jsonl").read_text().splitlines()]
-        metadata = next(row["metadata"] for row in rows if row["metadata"]["episode"]["task_name"] == args.task)
-        model.script(SCRIPTS[args.task])
-        asyncio.run(_play_all(metadata, model, 2, 2, "warm-up"))
-        table = [
-            [
-                "conc",
-                "eps",
-                "eps/s",
-                "wall ms",
-                "env ms",
-                "chat ms",
-                "loop ms/ep",
-                "loop ms/turn",
-                "loop/env",
-                "chat/env",
-            ]
-        ]
-        for concurrency in CONCURRENCIES:
-            results, elapsed = asyncio.run(_play_all(metadata, model, args.episodes, concurrency, f"c{concurrency}"))
-            table.append(_row(concurrency, results, elapsed))
+def rows_of(url: str, concurrency: int = 64) -> tuple[list[dict[str, Any]], float]:
+    """The metadata of the server's rows in split ``all``, and the seconds ``prepare`` took to write them."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "rows"
+        began = time.monotonic()
+        asyncio.run(write_rows(url, out, concurrency=concurrency, progress=False))
+        took = time.monotonic() - began
+        return [json.loads(line)["metadata"] for line in (out / "all.jsonl").read_text().splitlines()], took
+
+
+def print_table(title: str, table: list[list[str]]) -> None:
     widths = [max(len(row[column]) for row in table) for column in range(len(table[0]))]
-    print(f"task {args.task!r}, {args.episodes} episodes per concurrency; per-episode means")
+    print(f"\n{title}")
     for row in table:
-        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
+        print("| " + " | ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) + " |")
+
+
+def episodes_table(frames: Path, concurrencies: tuple[int, ...], runs: int, least: int) -> None:
+    table = [["episodes at once", "episodes", "CPU ms/turn min", "median", "loop's own wall ms/turn", "episodes/s"]]
+    with stand_in.served("env", str(frames), "--tasks", "64") as env_url, stand_in.served("model") as model_url:
+        rows, _ = rows_of(env_url)
+        run(rows, model_url, 8, 8)
+        for concurrency in concurrencies:
+            episodes = max(concurrency, least)
+            done = [run(rows, model_url, episodes, concurrency) for _ in range(runs)]
+            cpu = sorted(each.cpu_ms_per_turn for each in done)
+            table.append(
+                [
+                    str(concurrency),
+                    str(episodes),
+                    f"{cpu[0]:.2f}",
+                    f"{statistics.median(cpu):.2f}",
+                    f"{statistics.median(each.own_ms_per_turn for each in done):.3f}",
+                    f"{statistics.median(episodes / each.wall_s for each in done):.0f}",
+                ]
+            )
+    print_table("A model answering at once: the driver's own CPU per model turn", table)
+
+
+def slow_table(frames: Path, episodes: int, turn_s: float, runs: int) -> None:
+    table = [["episodes at once", "model turn s", "CPU ms/turn", "cores used", "episode s (mean)", "ideal s"]]
+    with (
+        stand_in.served("env", str(frames), "--tasks", "64") as env_url,
+        stand_in.served("model", "--delay", str(turn_s)) as model_url,
+    ):
+        rows, _ = rows_of(env_url)
+        done = [run(rows, model_url, episodes, episodes) for _ in range(runs)]
+    best = min(done, key=lambda each: each.cpu_s)
+    turns = best.model_turns // episodes
+    table.append(
+        [
+            str(episodes),
+            f"{turn_s:g}",
+            f"{best.cpu_ms_per_turn:.2f}",
+            f"{best.cpu_s / best.wall_s:.3f}",
+            f"{statistics.mean(result.timings.wall_s for result in best.results):.2f}",
+            f"{turns * turn_s:g}",
+        ]
+    )
+    print_table(f"{episodes} episodes with {turn_s:g} s model turns (the run of least CPU of {runs})", table)
+
+
+def prepare_table(frames: Path, tasks: int, concurrencies: tuple[int, ...]) -> None:
+    table = [["tasks", "--concurrency", "tasks/s", "driver CPU ms/task"]]
+    with stand_in.served("env", str(frames), "--tasks", str(tasks)) as env_url:
+        for concurrency in concurrencies:
+            (_, took), cpu, _ = measured(lambda concurrency=concurrency: rows_of(env_url, concurrency))
+            table.append([str(tasks), str(concurrency), f"{tasks / took:.0f}", f"{cpu / tasks * 1000:.3f}"])
+    print_table("prepare from a stand-in Task API and WebSocket", table)
+
+
+async def _relay(upstream: str, exchange: list[list[Any]]) -> Any:
+    """A WebSocket server relaying each message to ``upstream`` and its answer back, noting both in ``exchange``."""
+
+    async def relay(client: ServerConnection) -> None:
+        async with connect(upstream, proxy=None, max_size=None) as server:
+            async for message in client:
+                await server.send(message)
+                answer = await server.recv()
+                exchange.append([json.loads(message), json.loads(answer)])
+                await client.send(answer)
+
+    return await serve(relay, stand_in.HOST, 0)
+
+
+def record(out: Path) -> None:
+    """Play the stand-in's task once on the real server, through a relay noting every frame, and write them."""
+    from test_support import serve_bundle
+
+    with serve_bundle(BUNDLE) as real, stand_in.served("model") as model_url:
+        rows, _ = rows_of(real.url)
+        (metadata,) = rows
+        (task,) = real.tasks()
+        exchange: list[list[Any]] = []
+
+        async def played() -> EpisodeResult:
+            relay = await _relay(real.ws_url, exchange)
+            port = next(iter(relay.sockets)).getsockname()[1]
+            relayed = {**metadata, "server": {**metadata["server"], "url": f"http://{stand_in.HOST}:{port}"}}
+            try:
+                return await play(relayed, ChatEndpoint(model_url + "/v1/chat/completions", "bench"), {}, Limits())
+            finally:
+                relay.close()
+                await relay.wait_closed()
+
+        result = asyncio.run(played())
+    if not result.scored:
+        raise SystemExit(f"the real server didn't score the recorded episode: {result.flags}")
+    out.write_text(json.dumps({"env_name": real.env_name, "task": task, "exchange": exchange}, indent=1) + "\n")
+    print(f"recorded {len(exchange)} frames, reward {result.reward}, in {out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="every part on a few episodes, once: a check it runs")
+    parser.add_argument("--record", type=Path, metavar="FRAMES", help="record the real server's frames to FRAMES")
+    args = parser.parse_args(argv)
+    if args.record:
+        return record(args.record)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+    if args.smoke:
+        episodes_table(stand_in.FRAMES, (1, 4), 1, 2)
+        slow_table(stand_in.FRAMES, 4, 0.05, 1)
+        prepare_table(stand_in.FRAMES, 50, (4,))
+        return None
+    print(f"python {sys.version.split()[0]}; driver CPU by getrusage, min/median of {RUNS} runs")
+    episodes_table(stand_in.FRAMES, CONCURRENCIES, RUNS, 32)
+    slow_table(stand_in.FRAMES, CONCURRENCIES[-1], SLOW_TURN_S, RUNS)
+    prepare_table(stand_in.FRAMES, PREPARE_TASKS, PREPARE_CONCURRENCIES)
+    return None
 
 
 if __name__ == "__main__":
