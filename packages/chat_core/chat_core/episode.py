@@ -30,11 +30,13 @@ import httpx
 from chat_core._json import parse_json
 from chat_core.errors import CapacityExhausted, OpenEnvError, ServerUnreachable
 from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation
+from chat_core.retry import RetryPolicy
 from chat_core.rows import EpisodeRef
 
 END_TURN = "end_turn"
 _RESERVED_BODY_KEYS = frozenset({"model", "messages", "tools"})
 _ERROR_TEXT_LIMIT = 500
+_RETRY = RetryPolicy()
 
 
 class FlagKind(StrEnum):
@@ -48,7 +50,8 @@ class FlagKind(StrEnum):
     Fatal (in ``FATAL``), leaving the episode unscored:
 
     - ``env_failed``: the env's run failed (at reset, in a turn or in a verifier); the message is the server's.
-    - ``session_failed``: the chat endpoint failed: an HTTP error, no connection, an aborted or unreadable reply.
+    - ``session_failed``: the chat endpoint failed: an HTTP error, no connection, an aborted or unreadable reply
+      (429, 502, 503, 504 and refused connections only once retrying them would pass the model deadline).
     - ``no_reward``: the env ended the episode without a reward.
     - ``model_deadline``: the model took longer than ``Limits.model_deadline_s`` in all.
     - ``turn_limit``: the env opened more turns than ``Limits.max_turns``.
@@ -146,7 +149,8 @@ class Timings:
 @dataclass
 class EpisodeResult:
     """How an episode went: its reward (None unless the env scored it and nothing fatal happened), its flags, the
-    chat as the model saw it (tool messages included) and each turn's counts and the episode's timings."""
+    chat as the model saw it (tool messages included), each turn's counts, the episode's timings, and how many chat
+    requests were sent again after a transient failure (``model_retries``, see ``chat_core.retry``)."""
 
     episode: EpisodeRef
     reward: float | None = None
@@ -154,6 +158,7 @@ class EpisodeResult:
     transcript: list[dict[str, Any]] = field(default_factory=list)
     turns: list[TurnCounts] = field(default_factory=list)
     timings: Timings = field(default_factory=Timings)
+    model_retries: int = 0
 
     @property
     def scored(self) -> bool:
@@ -372,7 +377,7 @@ class _Game:
         try:
             with self._trace.span("model_call", {"turn": len(self.result.turns)}):
                 async with asyncio.timeout(left):
-                    response = await http.post(self._chat.url, json=body, headers=dict(self._chat.headers))
+                    response = await self._post(http, body, began + left)
         except TimeoutError:
             self.fail(
                 FlagKind.MODEL_DEADLINE,
@@ -381,14 +386,18 @@ class _Game:
             )
             return None
         except httpx.HTTPError as e:
-            self.fail(FlagKind.SESSION_FAILED, f"the chat request to {self._chat.url} failed: {_described(e)}")
+            self.fail(
+                FlagKind.SESSION_FAILED,
+                f"the chat request to {self._chat.url} failed: {_described(e)}{self._retried()}",
+            )
             return None
         finally:
             self.result.timings.model_s += time.monotonic() - began
         if response.is_error:
             self.fail(
                 FlagKind.SESSION_FAILED,
-                f"the chat endpoint {self._chat.url} answered HTTP {response.status_code}: {_clipped(response.text)}",
+                f"the chat endpoint {self._chat.url} answered HTTP {response.status_code}: {_clipped(response.text)}"
+                f"{self._retried()}",
             )
             return None
         try:
@@ -396,6 +405,28 @@ class _Game:
         except _ChatFailed as e:
             self.fail(FlagKind.SESSION_FAILED, f"the chat endpoint {self._chat.url} {e}")
             return None
+
+    async def _post(self, http: httpx.AsyncClient, body: dict[str, Any], deadline: float) -> httpx.Response:
+        """The chat endpoint's answer to ``body``, sent again while ``_RETRY`` says a transient failure is worth
+        waiting out before the monotonic ``deadline``; the last answer, or failure, once it isn't."""
+        attempt = 0
+        while True:
+            try:
+                response = await http.post(self._chat.url, json=body, headers=dict(self._chat.headers))
+            except httpx.ConnectError:
+                if (wait := _RETRY.delay(attempt, None, None, deadline - time.monotonic())) is None:
+                    raise
+            else:
+                status, retry_after = response.status_code, response.headers.get("retry-after")
+                if (wait := _RETRY.delay(attempt, status, retry_after, deadline - time.monotonic())) is None:
+                    return response
+            attempt += 1
+            self.result.model_retries += 1
+            await asyncio.sleep(wait)
+
+    def _retried(self) -> str:
+        retries = self.result.model_retries
+        return f" ({retries} chat request(s) of the episode sent again before giving up)" if retries else ""
 
     async def _env(self, span: str | None, call: Any) -> Observation:
         """``call``'s observation, its time counted as the env's, in a trace span of its own when ``span`` names

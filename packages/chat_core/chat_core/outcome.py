@@ -24,7 +24,8 @@ class EpisodeOutcome:
     ``reward`` is None unless the episode can be trained on (``scored``); ``reason`` is then the kind of its first
     fatal flag. ``turns``, ``model_calls``, ``tool_calls`` and ``tool_errors`` count the whole episode; ``env_s``,
     ``model_s``, ``capacity_wait_s`` and ``wall_s`` are its seconds in env calls, waiting for the model, waiting for
-    a free env session, and in all. ``truncated``: a reply was cut by the token limit."""
+    a free env session, and in all. ``truncated``: a reply was cut by the token limit. ``model_retries``: chat requests
+    sent again after a transient failure (0 in a record written before it was counted)."""
 
     reward: float | None
     scored: bool
@@ -39,6 +40,7 @@ class EpisodeOutcome:
     capacity_wait_s: float
     wall_s: float
     truncated: bool
+    model_retries: int = 0
 
     @classmethod
     def of(cls, result: EpisodeResult) -> EpisodeOutcome:
@@ -58,6 +60,7 @@ class EpisodeOutcome:
             capacity_wait_s=result.timings.capacity_wait_s,
             wall_s=result.timings.wall_s,
             truncated=any(flag.kind == FlagKind.REPLY_TRUNCATED for flag in result.flags),
+            model_retries=result.model_retries,
         )
 
     @classmethod
