@@ -167,8 +167,8 @@ async def evaluate(
     ``resume``), appending each record as its episode ends, then write ``out/summary.json`` and return it.
 
     Raises EvaluateError, before any episode, when ``out`` holds files and ``resume`` is off, holds episodes of
-    another model, or the endpoint fails the pre-flight request; ValueError when ``samples`` or ``run.concurrency``
-    is below 1, or ``run.sampling`` sets a key every request sends itself."""
+    another model, or the endpoint fails the pre-flight request (sent only when an episode is missing); ValueError
+    when ``samples`` or ``run.concurrency`` is below 1, or ``run.sampling`` sets a key every request sends itself."""
     if samples < 1 or run.concurrency < 1:
         raise ValueError(f"samples and concurrency must be at least 1, not {samples} and {run.concurrency}")
     if clash := sorted(_RESERVED_BODY_KEYS & set(run.sampling)):
@@ -185,7 +185,8 @@ async def evaluate(
         for sample in range(samples)
         if (episode := Episode(ref, metadata, sample)).key not in seen
     ]
-    await preflight(run.chat, run.sampling)
+    if todo:
+        await preflight(run.chat, run.sampling)
     out.mkdir(parents=True, exist_ok=True)
     outcomes = [EpisodeOutcome.from_metadata(record) for record in done]
     with (

@@ -2,9 +2,10 @@
 
 A script is a list of steps, one per request: ``text``, ``tool_call`` (arguments as an object, or as a raw string
 that may not be JSON at all), ``tool_calls`` (several in one reply), ``delay`` (wait, then take another step),
-``error`` (an HTTP error status) and ``broken`` (a 200 whose body isn't the wire format's answer). A stand-in names
-the session of each request, walks that session's script with a ``ScriptCursor``, and turns the step into its wire
-format's answer with ``answer``; the steps and the walk are the same for the OpenAI and the SGLang stand-ins.
+``error`` (an HTTP error status, with headers such as ``Retry-After``) and ``broken`` (a 200 whose body isn't the
+wire format's answer). A stand-in names the session of each request, walks that session's script with a
+``ScriptCursor``, and turns the step into its wire format's answer with ``answer``; the steps and the walk are the
+same for the OpenAI and the SGLang stand-ins.
 """
 
 from __future__ import annotations
