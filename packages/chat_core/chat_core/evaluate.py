@@ -203,14 +203,14 @@ async def _play_all(
     todo: list[Episode], run: Run, file: IO[str], bar: tqdm, outcomes: list[EpisodeOutcome]
 ) -> list[dict[str, Any]]:
     """The records of ``todo``'s episodes, each written to ``file`` as it ends, by ``run.concurrency`` workers;
-    ``bar`` shows the mean reward and unscored count of ``outcomes``, to which each episode's is added."""
+    ``bar`` shows the mean reward and the unscored count of these episodes and the earlier ``outcomes``."""
     pending = iter(todo)
     records: list[dict[str, Any]] = []
     rewards = [outcome.reward for outcome in outcomes if outcome.reward is not None]
-    unscored = sum(not outcome.scored for outcome in outcomes)
+    total, scored, unscored = sum(rewards), len(rewards), len(outcomes) - len(rewards)
 
     async def work() -> None:
-        nonlocal unscored
+        nonlocal total, scored, unscored
         for episode in pending:
             result = await play(episode.metadata, run.chat, run.sampling, run.limits)
             outcome = EpisodeOutcome.of(result)
@@ -226,10 +226,11 @@ async def _play_all(
             file.write(json.dumps(record, ensure_ascii=False) + "\n")
             file.flush()
             records.append(record | {"_key": episode.key})
-            if outcome.reward is not None:
-                rewards.append(outcome.reward)
-            unscored += not outcome.scored
-            bar.set_postfix(reward=f"{statistics.fmean(rewards):.3f}" if rewards else "-", unscored=unscored)
+            if outcome.reward is None:
+                unscored += 1
+            else:
+                total, scored = total + outcome.reward, scored + 1
+            bar.set_postfix(reward=f"{total / scored:.3f}" if scored else "-", unscored=unscored, refresh=False)
             bar.update()
 
     async with asyncio.TaskGroup() as group:
