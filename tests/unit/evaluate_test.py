@@ -88,9 +88,17 @@ def test_a_run_records_every_episode_and_summarizes_each_split(
     _script(model, rows)
     monkeypatch.setenv("EVAL_KEY", KEY)
 
-    code = main(
-        _args(rows, model, tmp_path / "run", "--samples", "2", "--api-key-env", "EVAL_KEY", "--concurrency", "4")
-    )
+    options = [
+        "--samples",
+        "2",
+        "--api-key-env",
+        "EVAL_KEY",
+        "--concurrency",
+        "4",
+        "--sampling",
+        '{"temperature": 0.5}',
+    ]
+    code = main(_args(rows, model, tmp_path / "run", *options, "--chat-template-kwargs", '{"enable_thinking": false}'))
 
     shown = capsys.readouterr()
     assert code == 0, shown.err
@@ -119,6 +127,9 @@ def test_a_run_records_every_episode_and_summarizes_each_split(
     assert "unscored: env_failed 2" in shown.out
     assert {request.headers.get("authorization") for request in model.requests} == {f"Bearer {KEY}"}
     assert {request.body.get("model") for request in model.requests} == {"policy"}
+    assert all(request.body["temperature"] == 0.5 for request in model.requests)
+    assert all(request.body["chat_template_kwargs"] == {"enable_thinking": False} for request in model.requests)
+    assert model.requests[0].body["max_tokens"] == 1 and "max_tokens" not in model.requests[-1].body
     for file in (tmp_path / "run").iterdir():
         assert KEY not in file.read_text()
     assert KEY not in shown.out + shown.err
@@ -151,13 +162,15 @@ def test_pass_at_k_is_the_unbiased_estimate_over_scored_episodes() -> None:
     assert pass_at_k([row, [outcome(0.0)] * 3], 1) == pytest.approx(1 / 6)
 
 
-@pytest.mark.parametrize(
-    ("status", "says"), [(401, "Incorrect API key provided"), (404, "The model `policy` does not exist")]
-)
+@pytest.mark.parametrize(("status", "body", "says"), [
+    (401, {"error": {"message": "Incorrect API key provided"}}, "Incorrect API key provided"),
+    (403, "Forbidden:\n  this key can't use the model", "Forbidden: this key can't use the model"),
+    (404, {"error": {"message": "The model `policy` does not exist"}}, "The model `policy` does not exist"),
+])  # fmt: skip
 def test_a_wrong_key_or_model_stops_the_run_before_any_episode(
-    rows: Path, model: ScriptedModel, tmp_path: Path, capsys, status: int, says: str
+    rows: Path, model: ScriptedModel, tmp_path: Path, capsys, status: int, body: Any, says: str
 ) -> None:
-    model.script([error(status, {"error": {"message": says}})])
+    model.script([error(status, body)])
 
     code = main(_args(rows, model, tmp_path / "run"))
 

@@ -129,9 +129,12 @@ def read_records(out: Path) -> list[dict[str, Any]]:
 
 async def preflight(chat: ChatEndpoint, sampling: Mapping[str, Any]) -> None:
     """Send one tiny chat completion to ``chat``, so a wrong URL, model name or key stops the run before any
-    episode. Transient failures (see ``chat_core.retry``) are retried for up to a minute. Raises EvaluateError with
-    the server's message when the endpoint can't be reached or answers with an error."""
-    body = {**sampling, "model": chat.model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 1}
+    episode: the run's own body with one short message, its token limit (``max_completion_tokens`` where the
+    sampling names it, as newer hosted models take it, else ``max_tokens``) set to 1. Transient failures (see
+    ``chat_core.retry``) are retried for up to a minute. Raises EvaluateError with the server's message, on one line,
+    when the endpoint can't be reached or answers with an error."""
+    limit = "max_completion_tokens" if "max_completion_tokens" in sampling else "max_tokens"
+    body = {**sampling, "model": chat.model, "messages": [{"role": "user", "content": "Say OK."}], limit: 1}
     began = time.monotonic()
     attempt = 0
     async with httpx.AsyncClient(timeout=_PREFLIGHT_S) as http:
@@ -148,7 +151,7 @@ async def preflight(chat: ChatEndpoint, sampling: Mapping[str, Any]) -> None:
             if (wait := _RETRY.delay(attempt, response.status_code, response.headers.get("retry-after"), left)) is None:
                 raise EvaluateError(
                     f"the model endpoint {chat.url} answered the pre-flight request for model {chat.model!r} with "
-                    f"HTTP {response.status_code}: {response.text[:500]}"
+                    f"HTTP {response.status_code}: {' '.join(response.text.split())[:500]}"
                 )
             attempt += 1
             await asyncio.sleep(wait)
