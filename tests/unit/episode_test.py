@@ -442,9 +442,8 @@ def test_an_env_call_past_its_deadline_is_flagged_and_its_session_closed(
 
 
 @pytest.mark.parametrize(("step", "says"), [
-    (error(503), "HTTP 503"),
-    (error(429), "HTTP 429"),
     (error(500, "upstream exploded"), "upstream exploded"),
+    (error(400, "no such parameter"), "HTTP 400"),
     (broken(), "isn't JSON"),
     (broken('{"choices": []}'), "without a choice"),
     (broken(TOO_DEEP), "nested too deeply"),
@@ -462,14 +461,39 @@ def test_a_failed_chat_session_is_flagged(
     assert says in result.flags[0].message
 
 
-def test_an_unreachable_chat_endpoint_is_a_failed_session(sample_env: ServedBundle, rows: Rows) -> None:
-    chat = ChatEndpoint(f"http://127.0.0.1:{_free_port()}/v1/chat/completions", "policy")
+@pytest.mark.parametrize("status", [429, 502, 503, 504])
+def test_an_overloaded_model_is_waited_for_as_retry_after_asks(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel, status: int
+) -> None:
+    steps = [error(status, headers={"Retry-After": "0.3"}), text("A banana.")]
 
-    result = asyncio.run(play(rows["reply_only"], chat, {}, Limits()))
+    result = _play(sample_env, rows["reply_only"], scripted_model, steps)
+
+    assert result.reward == 1.0 and result.scored and result.flags == []
+    assert result.model_retries == 1 and result.timings.model_s >= 0.3
+    assert len(scripted_model.requests) == 2
+
+
+def test_a_model_overloaded_past_the_deadline_is_a_failed_session(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    began = time.monotonic()
+
+    result = _play(sample_env, rows["reply_only"], scripted_model, [error(429)] * 50, limits=Limits(model_deadline_s=2))
 
     assert _kinds(result) == [FlagKind.SESSION_FAILED]
-    assert f"the chat request to {chat.url} failed" in result.flags[0].message
-    assert "Connect" in result.flags[0].message
+    assert "HTTP 429" in result.flags[0].message and "sent again before giving up" in result.flags[0].message
+    assert result.model_retries >= 1 and len(scripted_model.requests) == result.model_retries + 1
+    assert result.timings.model_s < 2 and time.monotonic() - began < 10
+
+
+def test_an_unreachable_chat_endpoint_is_retried_then_a_failed_session(sample_env: ServedBundle, rows: Rows) -> None:
+    chat = ChatEndpoint(f"http://127.0.0.1:{_free_port()}/v1/chat/completions", "policy")
+
+    result = asyncio.run(play(rows["reply_only"], chat, {}, Limits(model_deadline_s=1.5)))
+
+    assert _kinds(result) == [FlagKind.SESSION_FAILED]
+    assert "Connect" in result.flags[0].message and result.model_retries >= 1
 
 
 def test_a_row_of_another_task_is_refused(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:

@@ -16,7 +16,7 @@ from chat_core import OUTCOME_KEY, ChatEndpoint, EpisodeOutcome, EpisodeResult, 
 from chat_core.filters import Episode, scored_group_drop, scored_nonzero_std_group_drop
 from chat_core.metrics import episode_metrics
 from chat_core.prepare import write_rows
-from test_support import SCRIPTS, ScriptedModel, ServedBundle, text
+from test_support import SCRIPTS, ScriptedModel, ServedBundle, error, text
 
 pytest_plugins = ["test_support.pytest_plugin"]
 
@@ -64,9 +64,25 @@ def test_the_outcome_counts_the_episode_and_survives_a_trip_through_json(sample_
     assert (outcome.turns, outcome.model_calls, outcome.tool_calls, outcome.tool_errors) == (1, 2, 1, 0)
     assert outcome.env_s > 0 and outcome.wall_s >= outcome.env_s + outcome.model_s
     assert outcome.env_server == metadata_server(rows["played"])
+    assert outcome.model_retries == 0
     metadata = json.loads(json.dumps({OUTCOME_KEY: outcome.to_metadata()}))
     assert EpisodeOutcome.from_metadata(metadata) == outcome
     assert EpisodeOutcome.from_metadata({"episode": {}}) is None
+
+
+def test_the_outcome_counts_the_chat_requests_sent_again(sample_env, rows, scripted_model):
+    result = _played(scripted_model, rows["reply_only"], [error(503), error(502), text("A banana.")])
+    outcome = EpisodeOutcome.of(result)
+
+    assert (outcome.reward, outcome.model_retries) == (1.0, 2)
+    assert EpisodeOutcome.from_metadata(json.loads(json.dumps({OUTCOME_KEY: outcome.to_metadata()}))) == outcome
+
+
+def test_a_record_written_before_retries_were_counted_reads_as_none():
+    metadata = _outcome(1.0).to_metadata()
+    del metadata["model_retries"]
+
+    assert EpisodeOutcome.from_metadata({OUTCOME_KEY: metadata}).model_retries == 0
 
 
 def test_an_unscored_outcome_names_its_first_fatal_flag_and_has_no_reward(sample_env, rows, scripted_model):

@@ -197,11 +197,19 @@ def test_the_scripted_model_replies_in_order_and_records_each_request(
 def test_the_scripted_model_fails_as_scripted(
     scripted_model: ScriptedModel, chat: Callable[..., httpx.Response]
 ) -> None:
-    scripted_model.script([error(429), error(503, "busy"), broken(), delay(0.3, then=error(500)), text("Fine.")])
+    scripted_model.script(
+        [
+            error(429),
+            error(503, "busy", headers={"Retry-After": "2"}),
+            broken(),
+            delay(0.3, then=error(500)),
+            text("Fine."),
+        ]
+    )
     body = {"model": "m", "messages": []}
     assert chat(body).status_code == 429
     busy = chat(body)
-    assert (busy.status_code, busy.text) == (503, "busy")
+    assert (busy.status_code, busy.text, busy.headers["retry-after"]) == (503, "busy", "2")
     cut_short = chat(body)
     assert cut_short.status_code == 200
     with pytest.raises(json.JSONDecodeError):

@@ -30,11 +30,13 @@ from chat_core._net import chat_client
 from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
 from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation, server_url
 from chat_core.pool import EnvPool, PooledSession, env_servers
+from chat_core.retry import RetryPolicy
 from chat_core.rows import EpisodeRef
 
 END_TURN = "end_turn"
 _RESERVED_BODY_KEYS = frozenset({"model", "messages", "tools"})
 _ERROR_TEXT_LIMIT = 500
+_RETRY = RetryPolicy()
 
 
 class FlagKind(StrEnum):
@@ -48,7 +50,8 @@ class FlagKind(StrEnum):
     Fatal (in ``FATAL``), leaving the episode unscored:
 
     - ``env_failed``: the env's run failed (at reset, in a turn or in a verifier); the message is the server's.
-    - ``session_failed``: the chat endpoint failed: an HTTP error, no connection, an aborted or unreadable reply.
+    - ``session_failed``: the chat endpoint failed: an HTTP error, no connection, an aborted or unreadable reply
+      (429, 502, 503, 504 and refused connections only once retrying them would pass the model deadline).
     - ``no_reward``: the env ended the episode without a reward.
     - ``model_deadline``: the model took longer than ``Limits.model_deadline_s`` in all.
     - ``turn_limit``: the env opened more turns than ``Limits.max_turns``.
@@ -164,7 +167,8 @@ class Timings:
 @dataclass
 class EpisodeResult:
     """How an episode went: its reward (None unless the env scored it and nothing fatal happened), its flags, the
-    chat as the model saw it (tool messages included) and each turn's counts and the episode's timings.
+    chat as the model saw it (tool messages included), each turn's counts, the episode's timings, and how many chat
+    requests were sent again after a transient failure (``model_retries``, see ``chat_core.retry``).
     ``env_server`` is the URL of the server that played it (the row's own, or the pool's server it was routed to),
     None when no server started it."""
 
@@ -175,6 +179,7 @@ class EpisodeResult:
     transcript: list[dict[str, Any]] = field(default_factory=list)
     turns: list[TurnCounts] = field(default_factory=list)
     timings: Timings = field(default_factory=Timings)
+    model_retries: int = 0
 
     @property
     def scored(self) -> bool:
@@ -411,9 +416,7 @@ class _Game:
         try:
             with self._trace.span("model_call", {"turn": len(self.result.turns)}):
                 async with asyncio.timeout(left):
-                    client = await chat_client()
-                    async with client.post(self._chat.url, json=body, headers=self._chat.headers) as response:
-                        status, raw = response.status, await response.read()
+                    status, raw = await self._post(body, began + left)
         except TimeoutError:
             self.fail(
                 FlagKind.MODEL_DEADLINE,
@@ -422,14 +425,18 @@ class _Game:
             )
             return None
         except aiohttp.ClientError as e:
-            self.fail(FlagKind.SESSION_FAILED, f"the chat request to {self._chat.url} failed: {_described(e)}")
+            self.fail(
+                FlagKind.SESSION_FAILED,
+                f"the chat request to {self._chat.url} failed: {_described(e)}{self._retried()}",
+            )
             return None
         finally:
             self.result.timings.model_s += time.monotonic() - began
         if status >= 400:
             self.fail(
                 FlagKind.SESSION_FAILED,
-                f"the chat endpoint {self._chat.url} answered HTTP {status}: {_clipped(_decoded(raw))}",
+                f"the chat endpoint {self._chat.url} answered HTTP {status}: {_clipped(_decoded(raw))}"
+                f"{self._retried()}",
             )
             return None
         try:
@@ -437,6 +444,30 @@ class _Game:
         except _ChatFailed as e:
             self.fail(FlagKind.SESSION_FAILED, f"the chat endpoint {self._chat.url} {e}")
             return None
+
+    async def _post(self, body: dict[str, Any], deadline: float) -> tuple[int, bytes]:
+        """The chat endpoint's status and body for ``body``, sent again while ``_RETRY`` says a transient failure is
+        worth waiting out before the monotonic ``deadline``; the last answer, or failure, once it isn't."""
+        client = await chat_client()
+        attempt = 0
+        while True:
+            try:
+                async with client.post(self._chat.url, json=body, headers=self._chat.headers) as response:
+                    status, raw = response.status, await response.read()
+                    retry_after = response.headers.get("retry-after")
+            except aiohttp.ClientConnectorError:
+                if (wait := _RETRY.delay(attempt, None, None, deadline - time.monotonic())) is None:
+                    raise
+            else:
+                if (wait := _RETRY.delay(attempt, status, retry_after, deadline - time.monotonic())) is None:
+                    return status, raw
+            attempt += 1
+            self.result.model_retries += 1
+            await asyncio.sleep(wait)
+
+    def _retried(self) -> str:
+        retries = self.result.model_retries
+        return f" ({retries} chat request(s) of the episode sent again before giving up)" if retries else ""
 
     async def _env(self, span: str | None, call: Any) -> Any:
         """``call``'s observation, its time counted as the env's, in a trace span of its own when ``span`` names

@@ -25,7 +25,8 @@ class EpisodeOutcome:
     fatal flag. ``turns``, ``model_calls``, ``tool_calls`` and ``tool_errors`` count the whole episode; ``env_s``,
     ``model_s``, ``capacity_wait_s`` and ``wall_s`` are its seconds in env calls, waiting for the model, waiting for
     a free env session, and in all. ``truncated``: a reply was cut by the token limit. ``env_server``: the env
-    server that played it (a pool's replica, or the row's own server), None when none did."""
+    server that played it (a pool's replica, or the row's own server), None when none did. ``model_retries``: chat
+    requests sent again after a transient failure (0 in a record written before it was counted)."""
 
     reward: float | None
     scored: bool
@@ -41,6 +42,7 @@ class EpisodeOutcome:
     wall_s: float
     truncated: bool
     env_server: str | None
+    model_retries: int = 0
 
     @classmethod
     def of(cls, result: EpisodeResult) -> EpisodeOutcome:
@@ -61,6 +63,7 @@ class EpisodeOutcome:
             wall_s=result.timings.wall_s,
             truncated=any(flag.kind == FlagKind.REPLY_TRUNCATED for flag in result.flags),
             env_server=result.env_server,
+            model_retries=result.model_retries,
         )
 
     @classmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
@@ -66,8 +67,9 @@ class LoopbackServer:
         )
         self._thread.start()
 
-    def respond(self, request: Request) -> tuple[int, Any]:
-        """The status and payload answering ``request``: a string is sent as it is, anything else as JSON."""
+    def respond(self, request: Request) -> tuple[int, Any] | tuple[int, Any, Mapping[str, str]]:
+        """The status and payload answering ``request``: a string is sent as it is, anything else as JSON; and, as
+        a third item when there are any, headers to send with them (e.g. ``Retry-After``)."""
         raise NotImplementedError
 
     def sleep(self, seconds: float) -> None:
@@ -123,10 +125,12 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = None
         headers = {name.lower(): value for name, value in self.headers.items()}
-        status, payload = self.server.owner.respond(Request(self.command, self.path, headers, body))
+        status, payload, *extra = self.server.owner.respond(Request(self.command, self.path, headers, body))
         data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
         try:
             self.send_response(status)
+            for name, value in (extra[0] if extra else {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()

@@ -2,9 +2,10 @@
 
 A script is a list of steps, one per request: ``text``, ``tool_call`` (arguments as an object, or as a raw string
 that may not be JSON at all), ``tool_calls`` (several in one reply), ``delay`` (wait, then take another step),
-``error`` (an HTTP error status) and ``broken`` (a 200 whose body isn't the wire format's answer). A stand-in names
-the session of each request, walks that session's script with a ``ScriptCursor``, and turns the step into its wire
-format's answer with ``answer``; the steps and the walk are the same for the OpenAI and the SGLang stand-ins.
+``error`` (an HTTP error status, with headers such as ``Retry-After``) and ``broken`` (a 200 whose body isn't the
+wire format's answer). A stand-in names the session of each request, walks that session's script with a
+``ScriptCursor``, and turns the step into its wire format's answer with ``answer``; the steps and the walk are the
+same for the OpenAI and the SGLang stand-ins.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -45,6 +46,7 @@ class Delay:
 class Error:
     status: int
     body: str | dict[str, Any]
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,11 +80,12 @@ def delay(seconds: float, then: Step) -> Delay:
     return Delay(seconds, then)
 
 
-def error(status: int, body: str | dict[str, Any] | None = None) -> Error:
-    """Answer with the HTTP ``status`` (429, 500, 503, ...) and ``body``, by default an OpenAI-style error."""
+def error(status: int, body: str | dict[str, Any] | None = None, *, headers: Mapping[str, str] | None = None) -> Error:
+    """Answer with the HTTP ``status`` (429, 500, 503, ...), ``body``, by default an OpenAI-style error, and
+    ``headers`` (e.g. ``{"Retry-After": "1"}``)."""
     if body is None:
         body = {"error": {"message": f"scripted error {status}", "type": "scripted_error", "code": status}}
-    return Error(status, body)
+    return Error(status, body, dict(headers or {}))
 
 
 def broken(body: str = '{"id": "chatcmpl-broken", "choices": [') -> Broken:
@@ -90,16 +93,18 @@ def broken(body: str = '{"id": "chatcmpl-broken", "choices": [') -> Broken:
     return Broken(body)
 
 
-def answer(step: Step, reply: Callable[[Reply], Any], *, sleep: Callable[[float], object]) -> tuple[int, Any]:
+def answer(
+    step: Step, reply: Callable[[Reply], Any], *, sleep: Callable[[float], object]
+) -> tuple[int, Any] | tuple[int, Any, Mapping[str, str]]:
     """The status and payload answering ``step``, once ``sleep`` has waited out its delays: ``reply``'s rendering of a
-    reply, an error's status and body, or a broken body with 200."""
+    reply, an error's status, body and headers, or a broken body with 200."""
     while isinstance(step, Delay):
         sleep(step.seconds)
         step = step.then
     if isinstance(step, Reply):
         return HTTPStatus.OK, reply(step)
     if isinstance(step, Error):
-        return step.status, step.body
+        return step.status, step.body, step.headers
     return HTTPStatus.OK, step.body
 
 

@@ -65,7 +65,7 @@ class ScriptedModel(LoopbackServer):
         """The requests that found their session's script used up, each answered with a 500."""
         return self._cursor.used_up
 
-    def respond(self, request: Request) -> tuple[int, Any]:
+    def respond(self, request: Request) -> tuple[int, Any] | tuple[int, Any, Mapping[str, str]]:
         if request.method != "POST" or request.route != CHAT_PATH:
             return HTTPStatus.NOT_FOUND, _error_body(f"the scripted model serves only POST {CHAT_PATH}")
         request = replace(request, session=self._session_of(request.headers, request.body))
