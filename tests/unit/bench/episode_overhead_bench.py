@@ -32,7 +32,7 @@ from chat_core.prepare import write_rows
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 
-BUNDLE = Path(__file__).resolve().with_name("bundle") / "bench-env"
+BUNDLE = stand_in.BUNDLE
 CONCURRENCIES = (1, 32, 256, 1024)
 SLOW_TURN_S = 2.0
 PREPARE_TASKS = 10_000
@@ -207,7 +207,8 @@ def record(out: Path) -> None:
         result = asyncio.run(played())
     if not result.scored:
         raise SystemExit(f"the real server didn't score the recorded episode: {result.flags}")
-    out.write_text(json.dumps({"env_name": real.env_name, "task": task, "exchange": exchange}, indent=1) + "\n")
+    recorded = json.dumps({"env_name": real.env_name, "task": task, "exchange": exchange}, indent=1)
+    out.write_text(recorded.replace(str(BUNDLE), stand_in.BUNDLE_PLACEHOLDER) + "\n")
     print(f"recorded {len(exchange)} frames, reward {result.reward}, in {out}")
 
 

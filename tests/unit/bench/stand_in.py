@@ -30,6 +30,17 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 FRAMES = Path(__file__).resolve().with_name("frames.json")
+BUNDLE = Path(__file__).resolve().with_name("bundle") / "bench-env"
+BUNDLE_PLACEHOLDER = "<bench bundle>"
+"""How ``frames.json`` writes the bundle's absolute path, which the real server puts in task ids: the recording
+plays the same wherever the checkout lies."""
+
+
+def load_frames(path: Path) -> dict[str, Any]:
+    """The recorded frames at ``path``, with this checkout's bundle path in place of ``BUNDLE_PLACEHOLDER``."""
+    return json.loads(path.read_text().replace(BUNDLE_PLACEHOLDER, str(BUNDLE)))
+
+
 HOST = "127.0.0.1"
 TOOL_CALLS = (
     (("find_crate", {"name": "pears"}), ("list_crates", {}), ("find_crate", {"name": "apples"})),
@@ -182,7 +193,7 @@ def main() -> None:
     for each in (env, model):
         each.add_argument("--port-file", type=Path, required=True)
     args = parser.parse_args()
-    app = env_app(json.loads(args.frames.read_text()), args.tasks) if args.kind == "env" else model_app(args.delay)
+    app = env_app(load_frames(args.frames), args.tasks) if args.kind == "env" else model_app(args.delay)
     asyncio.run(_serve(app, args.port_file))
 
 
