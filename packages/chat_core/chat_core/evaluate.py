@@ -29,6 +29,7 @@ from typing import IO, Any
 import aiohttp
 from tqdm import tqdm
 
+from chat_core._cli import positive_int
 from chat_core._json import parse_json
 from chat_core._net import chat_client
 from chat_core.episode import _RESERVED_BODY_KEYS, ChatEndpoint, Limits, play
@@ -393,10 +394,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, required=True, help="the folder for episodes.jsonl and summary.json")
     parser.add_argument("--split", action="append", default=[], help="a split to play (repeatable; default: all)")
     parser.add_argument("--api-key-env", help="the environment variable holding the API key, sent as a bearer token")
-    parser.add_argument("--samples", type=_positive, default=1, help="episodes per row, for pass@k (default 1)")
+    parser.add_argument("--samples", type=positive_int, default=1, help="episodes per row, for pass@k (default 1)")
     parser.add_argument(
         "--concurrency",
-        type=_positive,
+        type=positive_int,
         default=DEFAULT_CONCURRENCY,
         help=f"episodes at once (default {DEFAULT_CONCURRENCY})",
     )
@@ -405,8 +406,8 @@ def _parser() -> argparse.ArgumentParser:
         "--chat-template-kwargs", help='JSON sent as chat_template_kwargs, e.g. {"enable_thinking": false}'
     )
     defaults = Limits()
-    parser.add_argument("--max-turns", type=_positive, default=defaults.max_turns)
-    parser.add_argument("--max-tool-calls-per-turn", type=_positive, default=defaults.max_tool_calls_per_turn)
+    parser.add_argument("--max-turns", type=positive_int, default=defaults.max_turns)
+    parser.add_argument("--max-tool-calls-per-turn", type=positive_int, default=defaults.max_tool_calls_per_turn)
     parser.add_argument("--model-deadline", type=float, default=defaults.model_deadline_s, help="seconds per episode")
     parser.add_argument("--resume", action="store_true", help="play only the episodes DIR/episodes.jsonl lacks")
     parser.add_argument("--compare", type=Path, help="an earlier run's folder, whose rewards to print the change from")
@@ -428,16 +429,6 @@ def _summary_of(run: Path) -> dict[str, Any]:
         return json.loads((run / SUMMARY).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise EvaluateError(f"--compare {run}: no summary of a finished run there ({e})") from None
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} isn't a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} isn't at least 1")
-    return value
 
 
 if __name__ == "__main__":

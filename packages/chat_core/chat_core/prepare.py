@@ -26,6 +26,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from chat_core._cli import positive_int
 from chat_core.errors import OpenEnvError
 from chat_core.openenv_client import CapacityWait, OpenEnvServer, ProbeSession, TaskInfo, Tool
 from chat_core.rows import row_line, task_row
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--concurrency",
-        type=_positive,
+        type=positive_int,
         default=DEFAULT_CONCURRENCY,
         help="probe episodes open at once, at most the server's max_concurrent_envs "
         f"(default {DEFAULT_CONCURRENCY}, the server's default)",
@@ -173,16 +174,6 @@ def _check_free(out: Path) -> None:
         raise FileExistsError(f"{out} already exists; give a folder that doesn't, so no rows are mixed or lost")
     if not out.parent.is_dir():
         raise FileNotFoundError(f"{out.parent} isn't a folder; create it first, then write the rows into {out}")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} isn't a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} isn't at least 1")
-    return value
 
 
 if __name__ == "__main__":
