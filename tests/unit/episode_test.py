@@ -8,9 +8,8 @@ import asyncio
 import json
 import math
 import shutil
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from test_support import (
     tool_call,
     tool_calls,
 )
+from test_support.waits import free_port, until
 from websockets.asyncio.server import ServerConnection, serve
 
 pytest_plugins = ["test_support.pytest_plugin"]
@@ -147,21 +147,6 @@ async def _closed(server: ServedBundle) -> None:
 
 def _kinds(result: EpisodeResult) -> list[str]:
     return [flag.kind for flag in result.flags]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-async def _until(condition: Callable[[], bool], what: str) -> None:
-    """Wait for ``condition``; a guard against a hang, not a check of how long it took."""
-    deadline = time.monotonic() + 60
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never saw {what}")
-        await asyncio.sleep(0.05)
 
 
 def test_every_sample_task_earns_its_reward(
@@ -488,7 +473,7 @@ def test_a_model_overloaded_past_the_deadline_is_a_failed_session(
 
 
 def test_an_unreachable_chat_endpoint_is_retried_then_a_failed_session(sample_env: ServedBundle, rows: Rows) -> None:
-    chat = ChatEndpoint(f"http://127.0.0.1:{_free_port()}/v1/chat/completions", "policy")
+    chat = ChatEndpoint(f"http://127.0.0.1:{free_port()}/v1/chat/completions", "policy")
 
     result = asyncio.run(play(rows["reply_only"], chat, {}, Limits(model_deadline_s=1.5)))
 
@@ -595,7 +580,7 @@ def test_cancelling_closes_the_episode(sample_env: ServedBundle, rows: Rows, scr
 
     async def scenario() -> None:
         playing = asyncio.create_task(play(rows["adds_a_crate"], _chat(scripted_model, "cancelled"), {}, Limits()))
-        await _until(lambda: scripted_model.requests_of("cancelled"), "the model asked")
+        await until(lambda: scripted_model.requests_of("cancelled"), "the model asked")
         assert sample_env.open_episodes() == 1
         playing.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -625,7 +610,7 @@ def test_cancelling_while_waiting_for_a_session_leaves_none(
 def test_an_unreachable_env_server_is_flagged(rows: Rows, scripted_model: ScriptedModel) -> None:
     elsewhere = {
         **rows["reply_only"],
-        "server": {**rows["reply_only"]["server"], "url": f"http://127.0.0.1:{_free_port()}"},
+        "server": {**rows["reply_only"]["server"], "url": f"http://127.0.0.1:{free_port()}"},
     }
 
     result = _play(None, elsewhere, scripted_model, SCRIPTS["reply_only"])

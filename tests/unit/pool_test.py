@@ -8,10 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from chat_core import ENV_SERVERS_VARIABLE, ChatEndpoint, EpisodeResult, FlagKin
 from chat_core.pool import EnvPool
 from chat_core.prepare import write_rows
 from test_support import SAMPLE_BUNDLE, SCRIPTS, ScriptedModel, ServedBundle, delay, serve_bundle, text
+from test_support.waits import free_port, until
 
 pytest_plugins = ["test_support.pytest_plugin"]
 
@@ -66,21 +65,6 @@ async def _played(
     return await play(metadata, _chat(model, session), {}, limits)
 
 
-async def _until(condition: Callable[[], bool], what: str) -> None:
-    """Wait for ``condition``; a guard against a hang, not a check of how long it took."""
-    deadline = time.monotonic() + 60
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never saw {what}")
-        await asyncio.sleep(0.05)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_episodes_spread_over_the_replicas_within_each_ones_sessions(
     pool: list[ServedBundle], rows: Rows, scripted_model: ScriptedModel
 ) -> None:
@@ -101,7 +85,7 @@ def test_episodes_spread_over_the_replicas_within_each_ones_sessions(
 def test_rows_prepared_at_another_address_play_through_the_pool(
     pool: list[ServedBundle], rows: Rows, scripted_model: ScriptedModel
 ) -> None:
-    unreachable = {**rows["played"], "server": {**rows["played"]["server"], "url": f"http://127.0.0.1:{_free_port()}"}}
+    unreachable = {**rows["played"], "server": {**rows["played"]["server"], "url": f"http://127.0.0.1:{free_port()}"}}
     limits = Limits(env_servers=_urls(*pool))
 
     for metadata, session in [(rows["played"], "localhost"), (unreachable, "elsewhere")]:
@@ -167,7 +151,7 @@ def test_a_replica_that_dies_is_skipped_and_tried_again_once_it_is_back(
                 asyncio.create_task(_played(rows["reply_only"], scripted_model, slow, f"mid{n}", limits))
                 for n in range(2)
             ]
-            await _until(lambda: all(scripted_model.requests_of(f"mid{n}") for n in range(2)), "both episodes playing")
+            await until(lambda: all(scripted_model.requests_of(f"mid{n}") for n in range(2)), "both episodes playing")
             doomed.kill()
             during = await asyncio.gather(*playing)
             later = await asyncio.gather(
