@@ -1,11 +1,14 @@
 """A stand-in for SGLang's ``POST /generate``, the upstream of slime's adapter in the slime tier and the demo.
 
 Each session (the adapter's ``X-SMG-Routing-Key``) walks a script of test_support's steps on test_support's
-``ScriptCursor``. A reply is test_support's Qwen3 rendering of it, tokenized and closed with ``<|im_end|>`` as a model
-stops, and answered in SGLang's shape: ``text`` and ``meta_info`` with ``output_token_logprobs`` (``[logprob,
-token_id, None]`` per token) and ``finish_reason``. ``max_new_tokens`` cuts a reply short with finish reason
-``length``. ``delay`` steps wait, ``error`` steps answer their status, and ``POST /abort_request`` records the request
-ids it is asked to abort.
+``ScriptCursor``. A request without a routing key (the adapter sends none for its ``"default"`` session, where every
+client that names no session lands) is placed by its chat instead: the text before the chat's first assistant turn
+names its script, and the assistant turns the prompt already holds say which step answers it, so chats that start
+alike get the same replies whatever order their requests come in. A reply is test_support's Qwen3 rendering of it,
+tokenized and closed with ``<|im_end|>`` as a model stops, and answered in SGLang's shape: ``text`` and ``meta_info``
+with ``output_token_logprobs`` (``[logprob, token_id, None]`` per token) and ``finish_reason``. ``max_new_tokens``
+cuts a reply short with finish reason ``length``. ``delay`` steps wait, ``error`` steps answer their status, and
+``POST /abort_request`` records the request ids it is asked to abort.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from test_support import SCRIPTS, ServedBundle
 from test_support.loopback import LoopbackServer, Request
 from test_support.qwen3 import output_token_logprobs
 from test_support.script import Reply, ScriptCursor, ScriptUsedUp, Step, answer
+
+ASSISTANT_TURN = "<|im_start|>assistant"
+"""What opens an assistant turn in Qwen3's chat template, the generation prompt's included."""
 
 
 def by_task(served: ServedBundle) -> Callable[[str], Sequence[Step]]:
@@ -51,13 +57,23 @@ class StandInSGLang(LoopbackServer):
     @property
     def requests(self) -> list[dict[str, Any]]:
         """Every ``/generate`` body received, with its routing key under ``"routing_key"``, in arrival order."""
-        return [{**request.body, "routing_key": request.session} for request in self._cursor.requests]
+        return [
+            {**request.body, "routing_key": request.headers.get("x-smg-routing-key", "")}
+            for request in self._cursor.requests
+        ]
 
     @property
     def aborted(self) -> list[str]:
         """The request ids ``/abort_request`` was asked to abort."""
         with self._lock:
             return list(self._aborted)
+
+    def clear(self) -> None:
+        """Forget every request, every abort and every session's walk, so that a chat placed by its text in one test
+        starts its script afresh in the next."""
+        self._cursor.clear()
+        with self._lock:
+            self._aborted.clear()
 
     def respond(self, request: Request) -> tuple[int, Any]:
         body = request.body
@@ -70,10 +86,21 @@ class StandInSGLang(LoopbackServer):
         if request.route != "/generate":
             return HTTPStatus.NOT_FOUND, {"error": f"the stand-in serves /generate, not {request.route}"}
         try:
-            step = self._cursor.take(replace(request, session=request.headers.get("x-smg-routing-key") or ""))
+            if routing_key := request.headers.get("x-smg-routing-key"):
+                step = self._cursor.take(replace(request, session=routing_key))
+            else:
+                chat, position = self._place_in_chat(body)
+                step = self._cursor.take(replace(request, session=chat), position=position)
         except ScriptUsedUp as used_up:
             return HTTPStatus.INTERNAL_SERVER_ERROR, {"error": str(used_up)}
         return answer(step, lambda reply: self._generated(reply, body), sleep=self.sleep)
+
+    def _place_in_chat(self, body: dict[str, Any]) -> tuple[str, int]:
+        """The opening of the chat whose prompt ``body`` holds, up to its first assistant turn, and the number of
+        assistant turns the prompt already holds before the one it asks for."""
+        prompt = self._tokenizer.decode(body.get("input_ids") or [], skip_special_tokens=False)
+        opening, *assistant_turns = prompt.split(ASSISTANT_TURN)
+        return opening, max(len(assistant_turns) - 1, 0)
 
     def _script_of_first_prompt(self, request: Request) -> Sequence[Step]:
         """``script_of`` the text of a new session's first prompt."""
