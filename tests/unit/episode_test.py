@@ -5,6 +5,7 @@ silent 0, with the server holding nothing open afterwards (the serve fixture che
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import shutil
@@ -14,9 +15,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import chat_core._net
 import pytest
 from chat_core import ChatEndpoint, EpisodeResult, FlagKind, Limits, play
-from chat_core._net import chat_client
+from chat_core._net import IDLE_S, client
 from chat_core.openenv_client import EpisodeSession
 from chat_core.prepare import write_rows
 from test_support import (
@@ -128,17 +130,13 @@ def _play(
     limits: Limits | None = None,
     sampling: dict[str, Any] | None = None,
 ) -> EpisodeResult:
-    """Play with ``steps`` scripted, then wait, while anything play left behind would still be alive, for
-    ``server`` to hold nothing open."""
+    """Play with ``steps`` scripted in an event loop of its own, then wait for ``server`` to hold nothing open: the
+    loop's end closes the session it parked, if any."""
     model.script(steps, session=session)
-
-    async def scenario() -> EpisodeResult:
-        result = await play(metadata, _chat(model, session), sampling or {}, limits or Limits())
-        if server is not None:
-            await _closed(server)
-        return result
-
-    return asyncio.run(scenario())
+    result = asyncio.run(play(metadata, _chat(model, session), sampling or {}, limits or Limits()))
+    if server is not None:
+        server.wait_until_closed()
+    return result
 
 
 async def _closed(server: ServedBundle) -> None:
@@ -156,11 +154,10 @@ def test_every_sample_task_earns_its_reward(
         scripted_model.script(SCRIPTS[task], session=task)
 
     async def all_at_once() -> list[EpisodeResult]:
-        played = await asyncio.gather(*(play(rows[task], _chat(scripted_model, task), {}, Limits()) for task in TASKS))
-        await _closed(sample_env)
-        return played
+        return await asyncio.gather(*(play(rows[task], _chat(scripted_model, task), {}, Limits()) for task in TASKS))
 
     results = dict(zip(TASKS, asyncio.run(all_at_once()), strict=True))
+    sample_env.wait_until_closed()
 
     for task, result in results.items():
         assert result.reward == REWARDS[task], (task, result.flags)
@@ -191,15 +188,77 @@ def test_the_timings_add_up_to_the_wall_time(
         assert 0 <= own < 0.015, (result.episode.task_name, timings)
 
 
-def test_an_event_loops_episodes_share_one_chat_client_closed_with_the_loop() -> None:
+def test_an_event_loops_requests_share_one_client_closed_with_the_loop() -> None:
     async def asked_twice() -> tuple[Any, Any]:
-        return await chat_client(), await chat_client()
+        return await client(), await client()
 
     first, again = asyncio.run(asked_twice())
     other, _ = asyncio.run(asked_twice())
 
     assert first is again and first.closed
     assert other is not first and other.closed
+
+
+def test_an_ended_episodes_session_starts_the_next_episode_and_closes_once_idle(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    for session in ("first", "second"):
+        scripted_model.script(SCRIPTS["played"], session=session)
+
+    with asyncio.Runner() as loop:
+        first = loop.run(play(rows["played"], _chat(scripted_model, "first"), {}, Limits()))
+        after_first = sample_env.open_sessions()
+        second = loop.run(play(rows["played"], _chat(scripted_model, "second"), {}, Limits()))
+        after_second = sample_env.open_sessions()
+        loop.run(until(lambda: not sample_env.held_open(), "the parked session closed", timeout=IDLE_S + 10))
+
+    assert first.scored and second.scored
+    assert (after_first, after_second) == (1, 1)
+
+
+@pytest.mark.parametrize("ending", ["model_deadline", "env_deadline", "cancelled"])
+def test_a_session_whose_episode_is_still_open_is_closed_not_parked(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel, monkeypatch: pytest.MonkeyPatch, ending: str
+) -> None:
+    monkeypatch.setattr(chat_core._net, "IDLE_S", 600.0)
+    limits = {"model_deadline": Limits(model_deadline_s=1), "env_deadline": Limits(env_call_deadline_s=1)}
+    steps = [tool_call("wait_for_truck", {"seconds": 3}), delay(30, text("The truck came."))]
+    scripted_model.script(steps, session=ending)
+
+    async def scenario() -> None:
+        playing = asyncio.create_task(
+            play(rows["played"], _chat(scripted_model, ending), {}, limits.get(ending, Limits()))
+        )
+        if ending == "cancelled":
+            await until(lambda: sample_env.open_episodes() == 1, "the episode started")
+            playing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await playing
+        await until(lambda: not sample_env.held_open(), "the session closed", timeout=10)
+
+    asyncio.run(scenario())
+
+
+def test_a_parked_session_the_server_dropped_is_replaced_by_a_new_one(
+    tmp_path: Path, scripted_model: ScriptedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(chat_core._net, "IDLE_S", 600.0)
+    port = free_port()
+    for session in ("before", "after"):
+        scripted_model.script(SCRIPTS["played"], session=session)
+
+    with asyncio.Runner() as loop:
+        with serve_bundle(port=port) as crashed:
+            played = _rows_of(crashed.url, tmp_path / "rows")["played"]
+            before = loop.run(play(played, _chat(scripted_model, "before"), {}, Limits()))
+            crashed.kill()
+        with serve_bundle(port=port) as restarted:
+            after = loop.run(play(played, _chat(scripted_model, "after"), {}, Limits()))
+            parked = restarted.open_sessions()
+            loop.close()
+
+    assert before.scored and after.scored, after.flags
+    assert parked == 1
 
 
 def test_a_tool_call_is_run_and_answered(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:

@@ -1,14 +1,20 @@
-"""How chat_core's connections are set up: once per process, not per episode or per connection.
+"""How chat_core's connections are set up: once per event loop, not per episode or per connection.
 
-Every episode of an event loop shares one chat client (an aiohttp session with an unbounded connection pool), made
-by the loop's first chat request and closed when the loop shuts down its async generators (``asyncio.run`` does).
-A client per episode cost more CPU than the rest of the episode's requests; one httpx client shared by many
-episodes went quadratic in its pool (httpcore's request assignment scans every idle connection per request).
+Every request an event loop makes, to a chat endpoint or to an env server, goes through one aiohttp client (a
+session with an unbounded connection pool), made by the loop's first request and closed when the loop shuts down its
+async generators (``asyncio.run`` does). A client per episode cost more CPU than the rest of the episode's requests;
+one httpx client shared by many episodes went quadratic in its pool (httpcore's request assignment scans every idle
+connection per request).
 
-Connections go direct unless ``CHAT_CORE_PROXY_FROM_ENV=1``: then the chat client, the WebSocket sessions and the
-Task API take their proxy from ``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY`` and ``NO_PROXY`` as their libraries do
-by default. Looking the proxy up scans the whole environment on every connection, which was 30% of a WebSocket
-connect here, so it is opt-in."""
+An env server's WebSocket session outlives the episode it played when the server ended that episode cleanly: the
+connection is parked, and the next episode on that server starts on it, since a reset on an open session starts a
+new episode. That skips a connect and a close, which together cost this process more CPU than an episode's other
+env calls. A parked connection still takes one of the server's sessions, so it is closed once it has been idle for
+``IDLE_S``, and when the loop ends.
+
+Connections go direct unless ``CHAT_CORE_PROXY_FROM_ENV=1``: then the client takes its proxy from ``HTTP_PROXY``,
+``HTTPS_PROXY``, ``ALL_PROXY`` and ``NO_PROXY`` as aiohttp does by default. Looking the proxy up scans the whole
+environment on every connection, which was 30% of a WebSocket connect here, so it is opt-in."""
 
 from __future__ import annotations
 
@@ -16,13 +22,12 @@ import asyncio
 import functools
 import os
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
 
 import aiohttp
 
 PROXY_FROM_ENV = "CHAT_CORE_PROXY_FROM_ENV"
-
-_Held = tuple[AsyncGenerator[aiohttp.ClientSession, None], aiohttp.ClientSession]
-_chat_clients: dict[asyncio.AbstractEventLoop, _Held] = {}
+IDLE_S = 2.0
 
 
 @functools.cache
@@ -31,21 +36,68 @@ def proxy_from_env() -> bool:
     return os.environ.get(PROXY_FROM_ENV) == "1"
 
 
-async def chat_client() -> aiohttp.ClientSession:
-    """The running event loop's chat client, made on its first call. It sets no timeout of its own: the caller
-    bounds each request."""
+@dataclass
+class _LoopNet:
+    """An event loop's client, and its parked WebSocket connections by server URL, each with the timer that closes
+    it, most recently parked last."""
+
+    holder: AsyncGenerator[aiohttp.ClientSession, None]
+    client: aiohttp.ClientSession
+    parked: dict[str, list[tuple[aiohttp.ClientWebSocketResponse, asyncio.TimerHandle]]] = field(default_factory=dict)
+    closing: set[asyncio.Task[bool]] = field(default_factory=set)
+
+
+_loops: dict[asyncio.AbstractEventLoop, _LoopNet] = {}
+
+
+async def client() -> aiohttp.ClientSession:
+    """The running event loop's client, made on its first call. It sets no timeout of its own: the caller bounds
+    each request."""
     loop = asyncio.get_running_loop()
-    held = _chat_clients.get(loop)
-    if held is None or held[1].closed:
+    net = _loops.get(loop)
+    if net is None or net.client.closed:
         holder = _held_client(loop)
-        held = _chat_clients[loop] = (holder, await anext(holder))
-    return held[1]
+        net = _loops[loop] = _LoopNet(holder, await anext(holder))
+    return net.client
+
+
+def park(url: str, ws: aiohttp.ClientWebSocketResponse) -> None:
+    """Keep ``ws``, a session on the env server at ``url`` with no episode open, for the next episode there."""
+    loop = asyncio.get_running_loop()
+    net = _loops.get(loop)
+    if net is None or net.client.closed:
+        return  # the connection closed with the client
+    timer = loop.call_later(IDLE_S, _expire, net, url, ws)
+    net.parked.setdefault(url, []).append((ws, timer))
+
+
+def unpark(url: str) -> aiohttp.ClientWebSocketResponse | None:
+    """The session parked last on the server at ``url``, taken out of the park, or None when none is parked."""
+    net = _loops.get(asyncio.get_running_loop())
+    idle = net.parked.get(url) if net is not None else None
+    if not idle:
+        return None
+    ws, timer = idle.pop()
+    timer.cancel()
+    return ws
+
+
+def _expire(net: _LoopNet, url: str, ws: aiohttp.ClientWebSocketResponse) -> None:
+    idle = net.parked.get(url, [])
+    for position, (parked, _) in enumerate(idle):
+        if parked is ws:
+            del idle[position]
+            closing = asyncio.get_running_loop().create_task(ws.close())
+            net.closing.add(closing)
+            closing.add_done_callback(net.closing.discard)
+            return
 
 
 async def _held_client(loop: asyncio.AbstractEventLoop) -> AsyncGenerator[aiohttp.ClientSession, None]:
-    """The loop's chat client, held open by this suspended generator until the loop's ``shutdown_asyncgens``
-    closes it: the one hook asyncio gives for work at a loop's end. The loop registers the generator when it first
-    runs it, and ``_chat_clients`` holds it (the loop holds it only weakly) until then."""
+    """The loop's client, held open by this suspended generator until the loop's ``shutdown_asyncgens`` closes it:
+    the one hook asyncio gives for work at a loop's end. The loop registers the generator when it first runs it,
+    and ``_loops`` holds it (the loop holds it only weakly) until then. Parked sessions are closed first, so each
+    server hears its sessions end."""
     client = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0),
         timeout=aiohttp.ClientTimeout(),
@@ -54,5 +106,9 @@ async def _held_client(loop: asyncio.AbstractEventLoop) -> AsyncGenerator[aiohtt
     try:
         yield client
     finally:
-        _chat_clients.pop(loop, None)
+        net = _loops.pop(loop, None)
+        if net is not None:
+            parked = [ws for idle in net.parked.values() for ws, _ in idle]
+            net.parked.clear()
+            await asyncio.gather(*(ws.close() for ws in parked), *net.closing, return_exceptions=True)
         await client.close()

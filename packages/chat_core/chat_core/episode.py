@@ -13,11 +13,10 @@ unfinished episode is abandoned on the server without running its verifiers."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -26,7 +25,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from chat_core._json import parse_json
-from chat_core._net import chat_client
+from chat_core._net import client
 from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
 from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation, server_url
 from chat_core.pool import EnvPool, PooledSession, env_servers
@@ -197,11 +196,21 @@ class EpisodeTrace(Protocol):
 
 
 class _NoTrace:
-    """The trace of an episode nobody traces."""
+    """The trace of an episode nobody traces: its spans cost no more than a ``with`` block."""
 
-    @contextlib.contextmanager
-    def span(self, name: str, attrs: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        yield {}
+    def span(self, name: str, attrs: dict[str, Any]) -> _NoSpan:
+        return _NO_SPAN
+
+
+class _NoSpan:
+    def __enter__(self) -> dict[str, Any]:
+        return {}
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_NO_SPAN = _NoSpan()
 
 
 async def play(
@@ -276,14 +285,20 @@ class _ChatFailed(Exception):
 
 
 class _Game:
-    """The state of one ``play``: the result being built and the limits that bound it."""
+    """The state of one ``play``: the result being built and the limits that bound it.
+
+    Each chat request's body is the whole transcript so far, so it is built from each message's JSON, encoded once
+    when the message joins the transcript (``_said``), and each turn's tools, encoded once when the turn opens:
+    encoding the transcript anew for every request cost time quadratic in the episode's length."""
 
     def __init__(
         self, episode: EpisodeRef, chat: ChatEndpoint, sampling: dict[str, Any], limits: Limits, trace: EpisodeTrace
     ):
         self.result = EpisodeResult(episode=episode)
         self._chat = chat
-        self._sampling = sampling
+        self._headers = {"Content-Type": "application/json", **chat.headers}
+        self._body_head = json.dumps({**sampling, "model": chat.model})[:-1].encode() + b',"messages":['
+        self._said: list[bytes] = []
         self._limits = limits
         self._trace = trace
         self._system_prompt: str | None = None
@@ -330,9 +345,9 @@ class _Game:
         """Add the turn's prompt as a user message, after its system prompt when it brings a new one."""
         system_prompt = prompts.get("system_prompt")
         if isinstance(system_prompt, str) and system_prompt and system_prompt != self._system_prompt:
-            self.result.transcript.append({"role": "system", "content": system_prompt})
+            self._say({"role": "system", "content": system_prompt})
             self._system_prompt = system_prompt
-        self.result.transcript.append({"role": "user", "content": str(prompts.get("prompt") or "")})
+        self._say({"role": "user", "content": str(prompts.get("prompt") or "")})
         self.result.turns.append(TurnCounts())
 
     async def _play_turn(self, session: EpisodeSession | PooledSession) -> Observation | None:
@@ -343,13 +358,13 @@ class _Game:
         if listed.done:
             self._finish(listed)
             return None
-        tools = [tool.as_openai() for tool in listed.tools]
+        tools = b'],"tools":' + json.dumps([tool.as_openai() for tool in listed.tools]).encode() + b"}"
         while True:
             reply = await self._ask(tools)
             if reply is None:
                 return None
             counts.model_calls += 1
-            self.result.transcript.append(reply.message)
+            self._say(reply.message)
             if reply.truncated:
                 self.result.flags.append(
                     Flag(
@@ -408,10 +423,11 @@ class _Game:
             end["episode_ended"] = ended.done
         return ended
 
-    async def _ask(self, tools: list[dict[str, Any]]) -> _Reply | None:
-        """The model's reply, or None when the chat failed or the deadline passed (flagged)."""
+    async def _ask(self, tools: bytes) -> _Reply | None:
+        """The model's reply, or None when the chat failed or the deadline passed (flagged). ``tools`` is the
+        body's end: its tools, encoded."""
         left = self._limits.model_deadline_s - self.result.timings.model_s
-        body = {**self._sampling, "model": self._chat.model, "messages": self.result.transcript, "tools": tools}
+        body = b"".join((self._body_head, b",".join(self._said), tools))
         began = time.monotonic()
         try:
             with self._trace.span("model_call", {"turn": len(self.result.turns)}):
@@ -445,14 +461,14 @@ class _Game:
             self.fail(FlagKind.SESSION_FAILED, f"the chat endpoint {self._chat.url} {e}")
             return None
 
-    async def _post(self, body: dict[str, Any], deadline: float) -> tuple[int, bytes]:
+    async def _post(self, body: bytes, deadline: float) -> tuple[int, bytes]:
         """The chat endpoint's status and body for ``body``, sent again while ``_RETRY`` says a transient failure is
         worth waiting out before the monotonic ``deadline``; the last answer, or failure, once it isn't."""
-        client = await chat_client()
+        http = await client()
         attempt = 0
         while True:
             try:
-                async with client.post(self._chat.url, json=body, headers=self._chat.headers) as response:
+                async with http.post(self._chat.url, data=body, headers=self._headers) as response:
                     status, raw = response.status, await response.read()
                     retry_after = response.headers.get("retry-after")
             except aiohttp.ClientConnectorError:
@@ -481,8 +497,12 @@ class _Game:
         finally:
             self.result.timings.env_s += time.monotonic() - began
 
+    def _say(self, message: dict[str, Any]) -> None:
+        self.result.transcript.append(message)
+        self._said.append(json.dumps(message).encode())
+
     def _answer(self, call: dict[str, Any], content: str) -> None:
-        self.result.transcript.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+        self._say({"role": "tool", "tool_call_id": call["id"], "content": content})
 
     def _skip(self, calls: list[dict[str, Any]], why: str) -> None:
         for call in calls:

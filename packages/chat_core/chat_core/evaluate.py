@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from chat_core._cli import positive_int
 from chat_core._json import parse_json
-from chat_core._net import chat_client
+from chat_core._net import client
 from chat_core.episode import _RESERVED_BODY_KEYS, ChatEndpoint, Limits, play
 from chat_core.metrics import episode_metrics
 from chat_core.outcome import OUTCOME_KEY, EpisodeOutcome
@@ -139,12 +139,12 @@ async def preflight(chat: ChatEndpoint, sampling: Mapping[str, Any]) -> None:
     body = {**sampling, "model": chat.model, "messages": [{"role": "user", "content": "Say OK."}], limit: 1}
     began = time.monotonic()
     attempt = 0
-    client = await chat_client()
+    http = await client()
     while True:
         left = _PREFLIGHT_S - (time.monotonic() - began)
         try:
             async with asyncio.timeout(max(left, 1.0)):
-                async with client.post(chat.url, json=body, headers=chat.headers) as response:
+                async with http.post(chat.url, json=body, headers=chat.headers) as response:
                     status, text = response.status, await response.text(errors="replace")
                     retry_after = response.headers.get("retry-after")
         except (aiohttp.ClientError, TimeoutError) as e:

@@ -11,17 +11,15 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+import aiohttp
 
 from chat_core._json import parse_json
-from chat_core._net import proxy_from_env
+from chat_core._net import client, park, unpark
 from chat_core.errors import (
     CapacityExhausted,
     EnvCallTimeout,
@@ -34,9 +32,10 @@ from chat_core.errors import (
 )
 
 _CAPACITY_REACHED = "CAPACITY_REACHED"
-_CLOSE_TIMEOUT_S = 2.0
 _OPEN_TIMEOUT_S = 30.0
 _HTTP_TIMEOUT_S = 60.0
+_WS_TIMEOUT = aiohttp.ClientWSTimeout(ws_receive=None, ws_close=2.0)
+_DROPPED = frozenset({aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED})
 
 
 @dataclass(frozen=True)
@@ -129,24 +128,16 @@ def server_url(url: str) -> str:
 
 
 class OpenEnvServer:
-    """The Task API of the OpenEnv server at ``url``: its env's name, splits and tasks. Use it with ``async with``,
-    or call ``aclose()``. Every method raises ServerUnreachable when nothing answers, NotAnOpenEnvServer when what
-    answers isn't an OpenEnv server, and ServerError when the server refuses or fails the request."""
+    """The Task API of the OpenEnv server at ``url``: its env's name, splits and tasks, asked through the event
+    loop's client (``chat_core._net``), each request bounded by ``timeout_s``. Every method raises
+    ServerUnreachable when nothing answers, NotAnOpenEnvServer when what answers isn't an OpenEnv server, and
+    ServerError when the server refuses or fails the request."""
 
     def __init__(self, url: str, *, timeout_s: float = _HTTP_TIMEOUT_S):
         """Raises InvalidServerUrl when ``url`` isn't an absolute http(s) URL."""
         self.url = server_url(url)
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s, trust_env=proxy_from_env())
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._env_name: str | None = None
-
-    async def __aenter__(self) -> OpenEnvServer:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
 
     async def env_name(self) -> str:
         """The name of the one env the server serves (``GET /list_environments``)."""
@@ -183,28 +174,29 @@ class OpenEnvServer:
         return tasks
 
     async def _json(self, method: str, path: str, body: dict[str, Any] | None = None, *, what: str) -> Any:
+        http = await client()
         try:
-            response = await self._http.request(method, path, json=body)
-        except httpx.TimeoutException as e:
+            async with http.request(method, self.url + path, json=body, timeout=self._timeout) as response:
+                status, raw = response.status, await response.read()
+        except TimeoutError as e:
             raise ServerUnreachable(
                 f"{self.url} didn't answer in time when asked for {what}: {_described(e)}"
             ) from None
-        except (httpx.TransportError, OSError) as e:
+        except (aiohttp.ClientError, OSError) as e:
             raise ServerUnreachable(f"can't reach {self.url} to ask for {what}: {_described(e)}") from None
-        if self._env_name is None and 400 <= response.status_code < 500:
+        if self._env_name is None and 400 <= status < 500:
             raise NotAnOpenEnvServer(
-                f"{self.url} answered {method} {path} with HTTP {response.status_code}: it isn't an OpenEnv server"
+                f"{self.url} answered {method} {path} with HTTP {status}: it isn't an OpenEnv server"
             )
-        if response.is_error:
+        if status >= 400:
             raise ServerError(
-                f"{self.url} answered {method} {path} for {what} with HTTP {response.status_code}: {_detail(response)}",
-                response.status_code,
+                f"{self.url} answered {method} {path} for {what} with HTTP {status}: {_detail(raw)}", status
             )
         try:
-            return parse_json(response.content)
+            return parse_json(raw)
         except ValueError as e:
             raise NotAnOpenEnvServer(
-                f"{self.url} answered {method} {path} with something that isn't JSON ({e}): {_excerpt(response.text)}"
+                f"{self.url} answered {method} {path} with something that isn't JSON ({e}): {_excerpt(_text(raw))}"
             ) from None
 
 
@@ -213,6 +205,11 @@ class EpisodeSession:
     ``call_tool`` play it, and ``close`` ends the session, which abandons the episode if it is still open (the
     server tears it down and runs none of its verifiers). Use it with ``async with`` so the session always closes.
     Not safe for concurrent use: each call waits for its answer before the next may be sent.
+
+    The connection under it may have played an episode before: ``reset`` starts on a session the event loop has
+    parked on the same server when it has one, and ``close`` parks the session for the next episode once the server
+    has ended this one (``done``; ``chat_core._net``). A session whose episode is still open, or whose last call
+    failed or went unanswered, is closed instead, so no episode is ever carried into another.
 
     ``capacity_wait_s`` is how long ``reset`` waited for a free session, and ``max_sessions`` the server's limit on
     sessions when a refusal told it. ``call_deadline_s`` bounds each call's wait for its answer (each of reset's
@@ -225,9 +222,10 @@ class EpisodeSession:
         self._ws_url = "ws" + self.url.removeprefix("http") + "/ws"
         self._capacity_wait = capacity_wait or CapacityWait()
         self._call_deadline_s = call_deadline_s
-        self._ws: ClientConnection | None = None
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._started = False
         self._closed = False
+        self._ended = False
         self.capacity_wait_s = 0.0
         self.max_sessions: int | None = None
 
@@ -238,24 +236,26 @@ class EpisodeSession:
         await self.close()
 
     async def reset(self, split: str, index: int) -> Observation:
-        """Connect and start task ``index`` of ``split``: the first turn's prompts in ``metadata``, or, when the
-        server couldn't start it, an observation that is ``done`` with its ``error``. While the server is at
-        capacity it retries as ``capacity_wait`` says, then raises CapacityExhausted; the time spent is added to
-        ``capacity_wait_s``. Raises ServerUnreachable when the server can't be reached, EpisodeProtocolError when it
-        answers outside the protocol, EnvCallTimeout when an attempt goes unanswered past ``call_deadline_s``, and
-        RuntimeError when the session has already reset or closed: a session plays one episode."""
+        """Start task ``index`` of ``split``: the first turn's prompts in ``metadata``, or, when the server couldn't
+        start it, an observation that is ``done`` with its ``error``. While the server is at capacity it retries as
+        ``capacity_wait`` says, then raises CapacityExhausted; the time spent is added to ``capacity_wait_s``.
+        Raises ServerUnreachable when the server can't be reached, EpisodeProtocolError when it answers outside the
+        protocol, EnvCallTimeout when an attempt goes unanswered past ``call_deadline_s``, and RuntimeError when the
+        session has already reset or closed: a session plays one episode."""
         if self._started or self._closed:
             raise RuntimeError("this session has already played an episode; open a new EpisodeSession for another")
         self._started = True
-        message = {"type": "reset", "data": {"split": split, "index": index}}
+        message = json.dumps({"type": "reset", "data": {"split": split, "index": index}})
         began = time.monotonic()
         delay = self._capacity_wait.first_delay_s
         refused = False
         while True:
             attempt = time.monotonic()
-            async with self._deadline("reset"):
-                self._ws = await self._connect()
-                frame = await self._first_answer(message)
+            try:
+                async with asyncio.timeout(self._call_deadline_s):
+                    frame = await self._start(message)
+            except TimeoutError:
+                raise self._timed_out("reset") from None
             if not _is_capacity_refusal(frame):
                 if refused:
                     self.capacity_wait_s += attempt - began
@@ -289,34 +289,47 @@ class EpisodeSession:
         )
 
     async def close(self) -> None:
-        """End the session; an episode still open is abandoned. Safe to call at any time, more than once, and
-        while being cancelled: the connection is dropped even when the closing handshake can't finish."""
+        """End the session: park it when the server has ended its episode, else close it, which abandons an
+        episode still open. Safe to call at any time, more than once, and while being cancelled: the connection is
+        dropped even when the closing handshake can't finish."""
         self._closed = True
+        if self._ended and self._ws is not None and not self._ws.closed:
+            ws, self._ws = self._ws, None
+            park(self.url, ws)
+            return
         await self._drop_connection()
 
-    async def _connect(self) -> ClientConnection:
+    async def _start(self, message: str) -> dict[str, Any]:
+        """The first answer to the reset ``message``, on a parked session when one answers it, else on a new one. A
+        parked session can have been closed by the server while it waited; it is dropped for the next."""
+        while (ws := unpark(self.url)) is not None:
+            self._ws = ws
+            try:
+                return await self._first_answer(message)
+            except SessionDropped:
+                await self._drop_connection()
+        self._ws = await self._connect()
+        return await self._first_answer(message)
+
+    async def _connect(self) -> aiohttp.ClientWebSocketResponse:
+        http = await client()
         try:
-            return await connect(
-                self._ws_url,
-                open_timeout=_OPEN_TIMEOUT_S,
-                close_timeout=_CLOSE_TIMEOUT_S,
-                max_size=None,
-                compression=None,
-                proxy=True if proxy_from_env() else None,
-            )
-        except (OSError, TimeoutError) as e:
-            raise ServerUnreachable(f"can't open a session at {self._ws_url}: {_described(e)}") from None
-        except (InvalidHandshake, InvalidURI) as e:
+            async with asyncio.timeout(_OPEN_TIMEOUT_S):
+                return await http.ws_connect(self._ws_url, timeout=_WS_TIMEOUT, max_msg_size=0)
+        except aiohttp.WSServerHandshakeError as e:
             raise NotAnOpenEnvServer(
                 f"{self._ws_url} doesn't take WebSocket sessions as an OpenEnv server does: {_described(e)}"
             ) from None
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise ServerUnreachable(f"can't open a session at {self._ws_url}: {_described(e)}") from None
 
-    async def _first_answer(self, message: dict[str, Any]) -> dict[str, Any]:
+    async def _first_answer(self, message: str) -> dict[str, Any]:
         """The server's first frame: a full server sends its refusal as soon as the connection opens, possibly
         before the reset is even sent, and then closes."""
         assert self._ws is not None
-        with contextlib.suppress(ConnectionClosed):
-            await self._ws.send(json.dumps(message))
+        self._ended = False
+        with contextlib.suppress(aiohttp.ClientConnectionError, ConnectionError):
+            await self._ws.send_str(message)
         return await self._receive("reset")
 
     async def _step(self, data: dict[str, Any], what: str) -> Observation:
@@ -326,33 +339,34 @@ class EpisodeSession:
 
     async def _exchange(self, message: dict[str, Any], what: str) -> Observation:
         assert self._ws is not None
-        async with self._deadline(what):
-            try:
-                await self._ws.send(json.dumps(message))
-            except ConnectionClosed as e:
-                raise SessionDropped(f"the session closed before {what} could be sent: {_closing(e)}") from None
-            frame = await self._receive(what)
-        return self._observation(frame, what)
-
-    @contextlib.asynccontextmanager
-    async def _deadline(self, what: str) -> AsyncIterator[None]:
-        """Bound the ``with`` body by ``call_deadline_s``, raising EnvCallTimeout naming ``what`` past it."""
+        self._ended = False
         try:
             async with asyncio.timeout(self._call_deadline_s):
-                yield
+                try:
+                    await self._ws.send_str(json.dumps(message))
+                except (aiohttp.ClientConnectionError, ConnectionError) as e:
+                    raise SessionDropped(f"the session closed before {what} could be sent: {_described(e)}") from None
+                frame = await self._receive(what)
         except TimeoutError:
-            raise EnvCallTimeout(f"{self.url} didn't answer {what} within {self._call_deadline_s:g} s") from None
+            raise self._timed_out(what) from None
+        return self._observation(frame, what)
+
+    def _timed_out(self, what: str) -> EnvCallTimeout:
+        return EnvCallTimeout(f"{self.url} didn't answer {what} within {self._call_deadline_s:g} s")
 
     async def _receive(self, what: str) -> dict[str, Any]:
         assert self._ws is not None
+        message = await self._ws.receive()
+        if message.type in _DROPPED:
+            raise SessionDropped(f"the session closed while waiting for the answer to {what}: {_closing(message)}")
+        if message.type is aiohttp.WSMsgType.ERROR:
+            raise SessionDropped(
+                f"the session failed while waiting for the answer to {what}: {_described(message.data)}"
+            )
         try:
-            raw = await self._ws.recv()
-        except ConnectionClosed as e:
-            raise SessionDropped(f"the session closed while waiting for the answer to {what}: {_closing(e)}") from None
-        try:
-            frame = parse_json(raw)
+            frame = parse_json(message.data)
         except ValueError as e:
-            raise EpisodeProtocolError(f"the answer to {what} isn't JSON ({e}): {_excerpt(raw)}") from None
+            raise EpisodeProtocolError(f"the answer to {what} isn't JSON ({e}): {_excerpt(message.data)}") from None
         if not isinstance(frame, dict):
             raise EpisodeProtocolError(f"the answer to {what} isn't a frame: {_excerpt(frame)}")
         return frame
@@ -374,16 +388,14 @@ class EpisodeSession:
         reward = data.get("reward")
         if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
             raise EpisodeProtocolError(f"the answer to {what} has a reward that isn't a number: {_excerpt(reward)}")
-        return Observation(done=bool(data.get("done")), reward=reward, body=body, metadata=metadata)
+        observation = Observation(done=bool(data.get("done")), reward=reward, body=body, metadata=metadata)
+        self._ended = observation.done
+        return observation
 
     async def _drop_connection(self) -> None:
         ws, self._ws = self._ws, None
-        if ws is None:
-            return
-        try:
+        if ws is not None:
             await ws.close()
-        finally:
-            ws.transport.abort()
 
 
 class ProbeSession(EpisodeSession):
@@ -446,19 +458,22 @@ def _capacity_message(url: str, frame: dict[str, Any], waited: float) -> str:
     )
 
 
-def _closing(error: ConnectionClosed) -> str:
-    received = error.rcvd
-    if received is None:
+def _closing(message: aiohttp.WSMessage) -> str:
+    if message.type is not aiohttp.WSMsgType.CLOSE:
         return "the connection dropped without a close frame"
-    return f"close code {received.code}" + (f" ({received.reason})" if received.reason else "")
+    return f"close code {message.data}" + (f" ({message.extra})" if message.extra else "")
 
 
-def _detail(response: httpx.Response) -> str:
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
+
+
+def _detail(raw: bytes) -> str:
     try:
-        detail = parse_json(response.content).get("detail")
+        detail = parse_json(raw).get("detail")
     except (ValueError, AttributeError):
         detail = None
-    return str(detail) if detail else _excerpt(response.text)
+    return str(detail) if detail else _excerpt(_text(raw))
 
 
 def _described(error: BaseException) -> str:

@@ -140,10 +140,10 @@ class EnvPool:
     async def _catalogue_of(self, server: _Server) -> tuple[str, Catalogue] | None:
         """The env name and task ids ``server`` serves, or None when it can't be reached (it is rested)."""
         try:
-            async with OpenEnvServer(server.url) as api:
-                name = await api.env_name()
-                splits = await api.splits()
-                tasks = await asyncio.gather(*map(api.tasks, splits))
+            api = OpenEnvServer(server.url)
+            name = await api.env_name()
+            splits = await api.splits()
+            tasks = await asyncio.gather(*map(api.tasks, splits))
         except ServerUnreachable as e:
             server.failed(str(e), time.monotonic())
             return None

@@ -60,9 +60,9 @@ async def write_rows(
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, not {concurrency}")
     _check_free(out)
-    async with OpenEnvServer(url) as server:
-        env_name = await server.env_name()
-        splits = {split: await server.tasks(split) for split in await server.splits()}
+    server = OpenEnvServer(url)
+    env_name = await server.env_name()
+    splits = {split: await server.tasks(split) for split in await server.splits()}
     for split in splits:
         if split in ("", ".", "..") or "/" in split or "\0" in split or split.startswith("."):
             raise PrepareError(f"the server has a split named {split!r}, which can't be a file name in {out}")

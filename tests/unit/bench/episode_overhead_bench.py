@@ -3,9 +3,12 @@ model are fast stand-ins (``stand_in``), each in a process of its own, so the dr
 loop's own: ``play`` with its env session and chat client. Each episode is 2 turns x 3 tool calls (4 model turns).
 
 It prints, for 1, 32, 256 and 1,024 concurrent episodes with a model that answers at once, the driver's CPU per
-model turn (min and median of 3 runs) and the loop's own wall time per turn from ``EpisodeResult.timings`` (wall -
-env - model - capacity wait); then 1,024 episodes with 2 s model turns, with the cores the driver used; then
-``prepare``'s tasks per second from a stand-in of 10,000 tasks at two ``--concurrency`` values.
+model turn (min and median of 3 runs) in two rounds of episodes played one after the other in one event loop: the
+first round opens a WebSocket session for each episode playing at once (and pays for the loop's client and its
+shutdown), the second starts on the sessions the first parked, as a rollout's or an evaluate's episodes beyond the
+first N do. Then the loop's own wall time per turn from ``EpisodeResult.timings`` (wall - env - model - capacity
+wait); then 1,024 episodes with 2 s model turns, one round, with the cores the driver used; then ``prepare``'s tasks
+per second from a stand-in of 10,000 tasks at two ``--concurrency`` values.
 
 Run: ``./bazelw run //tests/unit/bench:episode_overhead [-- --smoke]``; ``--smoke`` runs every part on a few
 episodes, once. ``--record`` plays the stand-in's task once on agent-env's real server through a relay and writes
@@ -21,7 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +81,13 @@ def measured(work: Callable[[], Any]) -> tuple[Any, float, float]:
     return value, cpu_s() - cpu, time.monotonic() - wall
 
 
+async def measured_async(work: Awaitable[Any]) -> tuple[Any, float, float]:
+    """What awaiting ``work`` gave, and the CPU and wall seconds this process spent meanwhile."""
+    cpu, wall = cpu_s(), time.monotonic()
+    value = await work
+    return value, cpu_s() - cpu, time.monotonic() - wall
+
+
 async def play_all(rows: list[dict[str, Any]], model_url: str, episodes: int, concurrency: int) -> list[EpisodeResult]:
     """``episodes`` episodes of ``rows``' tasks in turn, at most ``concurrency`` at once, each its own chat session."""
     gate = asyncio.Semaphore(concurrency)
@@ -90,13 +100,27 @@ async def play_all(rows: list[dict[str, Any]], model_url: str, episodes: int, co
     return await asyncio.gather(*(one(number) for number in range(episodes)))
 
 
-def run(rows: list[dict[str, Any]], model_url: str, episodes: int, concurrency: int) -> Run:
-    """One run in a fresh event loop, so whatever the loop sets up once per event loop is counted. Raises
-    SystemExit when an episode isn't scored: the benchmark measures only episodes played through."""
-    results, cpu, wall = measured(lambda: asyncio.run(play_all(rows, model_url, episodes, concurrency)))
-    if unscored := [result for result in results if not result.scored]:
-        raise SystemExit(f"{len(unscored)} of {episodes} episode(s) weren't scored, e.g. {unscored[0].flags}")
-    return Run(cpu, wall, results)
+def run(rows: list[dict[str, Any]], model_url: str, episodes: int, concurrency: int, rounds: int = 1) -> list[Run]:
+    """``rounds`` rounds of ``episodes`` episodes, one after the other in one fresh event loop. The first round's
+    run counts whatever the loop sets up once (its client, and a WebSocket session per episode playing at once) and
+    the loop's shutdown; each later round starts on the sessions the one before parked, as the episodes of a
+    rollout or an evaluate beyond the first ``concurrency`` do. Raises SystemExit when an episode isn't scored: the
+    benchmark measures only episodes played through."""
+    later: list[Run] = []
+
+    async def played() -> list[EpisodeResult]:
+        first = await play_all(rows, model_url, episodes, concurrency)
+        for _ in range(rounds - 1):
+            results, cpu, wall = await measured_async(play_all(rows, model_url, episodes, concurrency))
+            later.append(Run(cpu, wall, results))
+        return first
+
+    first, cpu, wall = measured(lambda: asyncio.run(played()))
+    runs = [Run(cpu - sum(each.cpu_s for each in later), wall - sum(each.wall_s for each in later), first), *later]
+    for each in runs:
+        if unscored := [result for result in each.results if not result.scored]:
+            raise SystemExit(f"{len(unscored)} of {episodes} episode(s) weren't scored, e.g. {unscored[0].flags}")
+    return runs
 
 
 def rows_of(url: str, concurrency: int = 64) -> tuple[list[dict[str, Any]], float]:
@@ -117,22 +141,36 @@ def print_table(title: str, table: list[list[str]]) -> None:
 
 
 def episodes_table(frames: Path, concurrencies: tuple[int, ...], runs: int, least: int) -> None:
-    table = [["episodes at once", "episodes", "CPU ms/turn min", "median", "loop's own wall ms/turn", "episodes/s"]]
+    table = [
+        [
+            "episodes at once",
+            "episodes a round",
+            "round 1 CPU ms/turn min",
+            "median",
+            "round 2 CPU ms/turn min",
+            "median",
+            "loop's own wall ms/turn",
+            "episodes/s",
+        ]
+    ]
     with stand_in.served("env", str(frames), "--tasks", "64") as env_url, stand_in.served("model") as model_url:
         rows, _ = rows_of(env_url)
         run(rows, model_url, 8, 8)
         for concurrency in concurrencies:
             episodes = max(concurrency, least)
-            done = [run(rows, model_url, episodes, concurrency) for _ in range(runs)]
-            cpu = sorted(each.cpu_ms_per_turn for each in done)
+            done = [run(rows, model_url, episodes, concurrency, rounds=2) for _ in range(runs)]
+            first = sorted(each.cpu_ms_per_turn for each, _ in done)
+            second = sorted(each.cpu_ms_per_turn for _, each in done)
             table.append(
                 [
                     str(concurrency),
                     str(episodes),
-                    f"{cpu[0]:.2f}",
-                    f"{statistics.median(cpu):.2f}",
-                    f"{statistics.median(each.own_ms_per_turn for each in done):.3f}",
-                    f"{statistics.median(episodes / each.wall_s for each in done):.0f}",
+                    f"{first[0]:.2f}",
+                    f"{statistics.median(first):.2f}",
+                    f"{second[0]:.2f}",
+                    f"{statistics.median(second):.2f}",
+                    f"{statistics.median(each.own_ms_per_turn for rounds in done for each in rounds):.3f}",
+                    f"{statistics.median(episodes / each.wall_s for rounds in done for each in rounds):.0f}",
                 ]
             )
     print_table("A model answering at once: the driver's own CPU per model turn", table)
@@ -145,7 +183,7 @@ def slow_table(frames: Path, episodes: int, turn_s: float, runs: int) -> None:
         stand_in.served("model", "--delay", str(turn_s)) as model_url,
     ):
         rows, _ = rows_of(env_url)
-        done = [run(rows, model_url, episodes, episodes) for _ in range(runs)]
+        done = [run(rows, model_url, episodes, episodes)[0] for _ in range(runs)]
     best = min(done, key=lambda each: each.cpu_s)
     turns = best.model_turns // episodes
     table.append(
