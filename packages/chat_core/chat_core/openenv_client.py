@@ -274,7 +274,7 @@ class EpisodeSession:
         """The tools of the current turn in ``tools``, or an observation that is ``done`` when the episode can't go
         on. Raises EpisodeProtocolError and EnvCallTimeout as ``reset`` does, and RuntimeError before ``reset`` or
         after ``close``."""
-        return await self._step({"type": "list_tools"}, "list_tools")
+        return await self._exchange({"type": "step", "data": {"type": "list_tools"}}, "list_tools")
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> Observation:
         """Call the turn's tool ``name``: its answer in ``body["result"]``, or its failure in ``body["error"]``
@@ -284,9 +284,8 @@ class EpisodeSession:
         ``reset`` does, and RuntimeError before ``reset`` or after ``close``."""
         if not isinstance(arguments, Mapping):
             raise TypeError(f"tool arguments must be a JSON object, not {type(arguments).__name__}")
-        return await self._step(
-            {"type": "call_tool", "tool_name": name, "arguments": dict(arguments)}, f"call_tool {name!r}"
-        )
+        data = {"type": "call_tool", "tool_name": name, "arguments": dict(arguments)}
+        return await self._exchange({"type": "step", "data": data}, f"call_tool {name!r}")
 
     async def close(self) -> None:
         """End the session: park it when the server has ended its episode, else close it, which abandons an
@@ -330,46 +329,27 @@ class EpisodeSession:
         self._ended = False
         with contextlib.suppress(aiohttp.ClientConnectionError, ConnectionError):
             await self._ws.send_str(message)
-        return await self._receive("reset")
-
-    async def _step(self, data: dict[str, Any], what: str) -> Observation:
-        if self._ws is None:
-            raise RuntimeError(f"{what} needs an open episode: call reset first, and not after close")
-        return await self._exchange({"type": "step", "data": data}, what)
+        return _frame_of(await self._ws.receive(), "reset")
 
     async def _exchange(self, message: dict[str, Any], what: str) -> Observation:
-        assert self._ws is not None
+        """Send ``message`` and read the server's answer to it as an observation."""
+        ws = self._ws
+        if ws is None:
+            raise RuntimeError(f"{what} needs an open episode: call reset first, and not after close")
         self._ended = False
         try:
             async with asyncio.timeout(self._call_deadline_s):
                 try:
-                    await self._ws.send_str(json.dumps(message))
+                    await ws.send_str(json.dumps(message))
                 except (aiohttp.ClientConnectionError, ConnectionError) as e:
                     raise SessionDropped(f"the session closed before {what} could be sent: {_described(e)}") from None
-                frame = await self._receive(what)
+                answer = await ws.receive()
         except TimeoutError:
             raise self._timed_out(what) from None
-        return self._observation(frame, what)
+        return self._observation(_frame_of(answer, what), what)
 
     def _timed_out(self, what: str) -> EnvCallTimeout:
         return EnvCallTimeout(f"{self.url} didn't answer {what} within {self._call_deadline_s:g} s")
-
-    async def _receive(self, what: str) -> dict[str, Any]:
-        assert self._ws is not None
-        message = await self._ws.receive()
-        if message.type in _DROPPED:
-            raise SessionDropped(f"the session closed while waiting for the answer to {what}: {_closing(message)}")
-        if message.type is aiohttp.WSMsgType.ERROR:
-            raise SessionDropped(
-                f"the session failed while waiting for the answer to {what}: {_described(message.data)}"
-            )
-        try:
-            frame = parse_json(message.data)
-        except ValueError as e:
-            raise EpisodeProtocolError(f"the answer to {what} isn't JSON ({e}): {_excerpt(message.data)}") from None
-        if not isinstance(frame, dict):
-            raise EpisodeProtocolError(f"the answer to {what} isn't a frame: {_excerpt(frame)}")
-        return frame
 
     def _observation(self, frame: dict[str, Any], what: str) -> Observation:
         data = frame.get("data")
@@ -410,6 +390,22 @@ class ProbeSession(EpisodeSession):
         if self._ws is None or self._closed:
             return await super().reset(split, index)
         return await self._exchange({"type": "reset", "data": {"split": split, "index": index}}, "reset")
+
+
+def _frame_of(message: aiohttp.WSMessage, what: str) -> dict[str, Any]:
+    """The frame a WebSocket message holds, as the answer to ``what``; raises SessionDropped when the message says
+    the session ended, and EpisodeProtocolError when it holds no JSON object."""
+    if message.type in _DROPPED:
+        raise SessionDropped(f"the session closed while waiting for the answer to {what}: {_closing(message)}")
+    if message.type is aiohttp.WSMsgType.ERROR:
+        raise SessionDropped(f"the session failed while waiting for the answer to {what}: {_described(message.data)}")
+    try:
+        frame = parse_json(message.data)
+    except ValueError as e:
+        raise EpisodeProtocolError(f"the answer to {what} isn't JSON ({e}): {_excerpt(message.data)}") from None
+    if not isinstance(frame, dict):
+        raise EpisodeProtocolError(f"the answer to {what} isn't a frame: {_excerpt(frame)}")
+    return frame
 
 
 def _task_of(split: str, described: Any) -> TaskInfo:
