@@ -270,8 +270,9 @@ def summarize(records: Sequence[Mapping[str, Any]], samples: int) -> dict[str, A
         for record, outcome in zip(held, outcomes, strict=True):
             rows[record["row"]].append(outcome)
             tasks[record["task"]].append(outcome)
+        passes = [_passes(played) for played in rows.values()]
         for k in range(1, samples + 1):
-            if (value := pass_at_k(rows.values(), k)) is not None:
+            if (value := _pass_at(passes, k)) is not None:
                 metrics[f"pass@{k}"] = value
         metrics["tasks"] = {task: _mean_se(played) for task, played in sorted(tasks.items())}
         splits[split] = metrics
@@ -282,12 +283,18 @@ def pass_at_k(rows: Any, k: int) -> float | None:
     """The unbiased pass@k estimate (Chen et al. 2021): over the rows with at least ``k`` scored episodes, the mean
     of 1 - C(n - c, k) / C(n, k) for a row's n scored episodes of which c pass; None when no row has k. Unscored
     episodes are left out, so a failed request never counts as a failed answer."""
-    estimates = []
-    for outcomes in rows:
-        scored = [outcome for outcome in outcomes if outcome.scored]
-        n, c = len(scored), sum(outcome.reward >= PASS_REWARD for outcome in scored)
-        if n >= k:
-            estimates.append(1 - math.comb(n - c, k) / math.comb(n, k))
+    return _pass_at([_passes(outcomes) for outcomes in rows], k)
+
+
+def _passes(outcomes: Sequence[EpisodeOutcome]) -> tuple[int, int]:
+    """A row's scored episodes and how many of them pass: all ``pass_at_k`` reads of a row, counted once for
+    every k rather than once per k."""
+    scored = [outcome for outcome in outcomes if outcome.scored]
+    return len(scored), sum(outcome.reward >= PASS_REWARD for outcome in scored)
+
+
+def _pass_at(passes: Sequence[tuple[int, int]], k: int) -> float | None:
+    estimates = [1 - math.comb(n - c, k) / math.comb(n, k) for n, c in passes if n >= k]
     return statistics.fmean(estimates) if estimates else None
 
 
