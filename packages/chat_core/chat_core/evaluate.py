@@ -45,6 +45,7 @@ PASS_REWARD = 1.0
 """An episode passes, for pass@k, when it is scored and earns at least this: the env's full reward."""
 _PREFLIGHT_S = 60.0
 _RETRY = RetryPolicy()
+_RECORD_ENCODER = json.JSONEncoder(ensure_ascii=False)
 
 
 class EvaluateError(Exception):
@@ -106,7 +107,8 @@ def read_rows(path: Path, splits: Sequence[str] = ()) -> list[tuple[EpisodeRef, 
 
 
 def read_records(out: Path) -> list[dict[str, Any]]:
-    """The records in ``out/episodes.jsonl``, none when there is no such file. A last line cut short by a killed
+    """The records in ``out/episodes.jsonl`` without their transcripts, which the summary doesn't read and which
+    would hold a whole earlier run in memory; none when there is no such file. A last line cut short by a killed
     run is cut off the file, so the episode is played again; any other line that isn't a record raises
     EvaluateError."""
     file = out / EPISODES
@@ -123,7 +125,9 @@ def read_records(out: Path) -> list[dict[str, Any]]:
             record = parse_json(line)
             if EpisodeOutcome.from_metadata(record) is None:
                 raise KeyError(OUTCOME_KEY)
-            records.append(record | {"_key": (record["split"], record["row"], record["sample"])})
+            record.pop("transcript", None)
+            record["_key"] = (record["split"], record["row"], record["sample"])
+            records.append(record)
         except (ValueError, KeyError, TypeError) as e:
             raise EvaluateError(f"{file}:{number} isn't an episode record ({e}); move the file aside") from None
     return records
@@ -208,8 +212,9 @@ async def evaluate(
 async def _play_all(
     todo: list[Episode], run: Run, file: IO[str], bar: tqdm, outcomes: list[EpisodeOutcome]
 ) -> list[dict[str, Any]]:
-    """The records of ``todo``'s episodes, each written to ``file`` as it ends, by ``run.concurrency`` workers;
-    ``bar`` shows the mean reward and the unscored count of these episodes and the earlier ``outcomes``."""
+    """The records of ``todo``'s episodes without their transcripts, each written to ``file`` whole and flushed as
+    it ends, by ``run.concurrency`` workers; ``bar`` shows the mean reward and the unscored count of these episodes
+    and the earlier ``outcomes``."""
     pending = iter(todo)
     records: list[dict[str, Any]] = []
     rewards = [outcome.reward for outcome in outcomes if outcome.reward is not None]
@@ -227,16 +232,16 @@ async def _play_all(
                 "sample": episode.sample,
                 "model": run.chat.model,
                 OUTCOME_KEY: outcome.to_metadata(),
-                "transcript": result.transcript,
             }
-            file.write(json.dumps(record, ensure_ascii=False) + "\n")
+            file.write(_RECORD_ENCODER.encode({**record, "transcript": result.transcript}) + "\n")
             file.flush()
-            records.append(record | {"_key": episode.key})
+            records.append(record)
             if outcome.reward is None:
                 unscored += 1
             else:
                 total, scored = total + outcome.reward, scored + 1
-            bar.set_postfix(reward=f"{total / scored:.3f}" if scored else "-", unscored=unscored, refresh=False)
+            reward = f"{total / scored:.3f}" if scored else "-"
+            bar.set_postfix_str(f"reward={reward}, unscored={unscored}", refresh=False)
             bar.update()
 
     async with asyncio.TaskGroup() as group:
@@ -265,8 +270,9 @@ def summarize(records: Sequence[Mapping[str, Any]], samples: int) -> dict[str, A
         for record, outcome in zip(held, outcomes, strict=True):
             rows[record["row"]].append(outcome)
             tasks[record["task"]].append(outcome)
+        passes = [_passes(played) for played in rows.values()]
         for k in range(1, samples + 1):
-            if (value := pass_at_k(rows.values(), k)) is not None:
+            if (value := _pass_at(passes, k)) is not None:
                 metrics[f"pass@{k}"] = value
         metrics["tasks"] = {task: _mean_se(played) for task, played in sorted(tasks.items())}
         splits[split] = metrics
@@ -277,12 +283,18 @@ def pass_at_k(rows: Any, k: int) -> float | None:
     """The unbiased pass@k estimate (Chen et al. 2021): over the rows with at least ``k`` scored episodes, the mean
     of 1 - C(n - c, k) / C(n, k) for a row's n scored episodes of which c pass; None when no row has k. Unscored
     episodes are left out, so a failed request never counts as a failed answer."""
-    estimates = []
-    for outcomes in rows:
-        scored = [outcome for outcome in outcomes if outcome.scored]
-        n, c = len(scored), sum(outcome.reward >= PASS_REWARD for outcome in scored)
-        if n >= k:
-            estimates.append(1 - math.comb(n - c, k) / math.comb(n, k))
+    return _pass_at([_passes(outcomes) for outcomes in rows], k)
+
+
+def _passes(outcomes: Sequence[EpisodeOutcome]) -> tuple[int, int]:
+    """A row's scored episodes and how many of them pass: all ``pass_at_k`` reads of a row, counted once for
+    every k rather than once per k."""
+    scored = [outcome for outcome in outcomes if outcome.scored]
+    return len(scored), sum(outcome.reward >= PASS_REWARD for outcome in scored)
+
+
+def _pass_at(passes: Sequence[tuple[int, int]], k: int) -> float | None:
+    estimates = [1 - math.comb(n - c, k) / math.comb(n, k) for n, c in passes if n >= k]
     return statistics.fmean(estimates) if estimates else None
 
 

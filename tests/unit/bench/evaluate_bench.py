@@ -1,8 +1,14 @@
 """evaluate's own cost per model turn: a benchmark, not a test. A model that answers at once and a minimal stand-in
 OpenEnv server (the real WebSocket protocol, one task: a tool call, then a reply that scores 1) run in a process of
 their own, so only evaluate's work is counted: each concurrency runs ``chat_core.evaluate.evaluate``, JSONL writing
-and progress bar on, in a fresh process, and reports its CPU seconds per model turn and the rise of its peak RSS
-per episode in flight. The stand-ins' own CPU is not counted.
+and progress bar on, over one sample of as many rows as episodes, in a fresh process, ``--repeats`` times, and
+reports the min and median of its CPU seconds per model turn and the rise of its peak RSS per episode in flight.
+The stand-ins' own CPU is not counted.
+
+What is counted is a run's steady work, its pre-flight request and summary included. Before it each process plays
+a short warm-up run, whose CPU (the first chat client, code run for the first time) is shown apart as the one-off
+cost; the RSS after it, and after the bench's own rows are built, is the baseline the peak's rise is taken from.
+Importing is counted in neither.
 
 Run: ``./bazelw run //tests/unit/bench:evaluate`` (or ``PYTHONPATH=packages/chat_core:packages/test_support
 .venv/bin/python tests/unit/bench/evaluate_bench.py``)."""
@@ -14,6 +20,7 @@ import asyncio
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +35,7 @@ from test_support.loopback import LoopbackServer, Request
 from websockets.asyncio.server import ServerConnection, serve
 
 CONCURRENCIES = (1, 32, 256)
+_WARM_UP = 4
 TASK = {"id": "bench/find", "name": "find"}
 TOOL = {"name": "find_crate", "description": "Find a crate.", "input_schema": {"type": "object"}}
 
@@ -81,24 +89,40 @@ def _rss_mb() -> float:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def _measure(env: str, model: str, concurrency: int, episodes: int) -> dict[str, float]:
-    metadata = {
-        "episode": {"split": "bench", "index": 0, "task_id": TASK["id"], "task_name": TASK["name"]},
-        "tools": [],
-        "server": {"url": env, "env_name": "bench"},
-    }
+def _rows(env: str, count: int) -> list[tuple[EpisodeRef, dict[str, Any]]]:
+    rows = []
+    for index in range(count):
+        metadata = {
+            "episode": {"split": "bench", "index": index, "task_id": TASK["id"], "task_name": TASK["name"]},
+            "tools": [],
+            "server": {"url": env, "env_name": "bench"},
+        }
+        rows.append((EpisodeRef.from_metadata(metadata), metadata))
+    return rows
+
+
+def _evaluate(
+    rows: list[tuple[EpisodeRef, dict[str, Any]]], model: str, concurrency: int
+) -> tuple[float, float, float, list[dict[str, Any]]]:
+    """The CPU and wall seconds of one evaluate run of ``rows``, the peak RSS in MB by its end, and its records
+    (read back after the peak is taken)."""
     run = Run(ChatEndpoint(model + "/chat/completions", "bench"), {}, Limits(), concurrency)
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "run"
-        before_rss = _rss_mb()
         cpu = time.process_time()
         began = time.monotonic()
-        asyncio.run(
-            evaluate([(EpisodeRef.from_metadata(metadata), metadata)], run, out, samples=episodes, resume=False)
-        )
+        asyncio.run(evaluate(rows, run, out, samples=1, resume=False))
         cpu, wall = time.process_time() - cpu, time.monotonic() - began
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         records = [json.loads(line) for line in (out / EPISODES).read_text().splitlines()]
+    return cpu, wall, peak_rss, records
+
+
+def _measure(env: str, model: str, concurrency: int, episodes: int) -> dict[str, float]:
+    one_off, *_ = _evaluate(_rows(env, _WARM_UP), model, 1)
+    rows = _rows(env, episodes)
+    before_rss = _rss_mb()
+    cpu, wall, peak_rss, records = _evaluate(rows, model, concurrency)
     turns = sum(record["episode_outcome"]["model_calls"] for record in records)
     scored = sum(record["episode_outcome"]["scored"] for record in records)
     return {
@@ -107,6 +131,7 @@ def _measure(env: str, model: str, concurrency: int, episodes: int) -> dict[str,
         "scored": scored,
         "turns": turns,
         "cpu_ms_per_turn": 1000 * cpu / turns,
+        "warm_up_cpu_ms": 1000 * one_off,
         "wall_s": wall,
         "rss_mb_per_episode": max(0.0, peak_rss - before_rss) / concurrency,
     }
@@ -120,6 +145,7 @@ def main() -> None:
         default=0,
         help="episodes per concurrency (default 4 per episode in flight, at least 200)",
     )
+    parser.add_argument("--repeats", type=int, default=3, help="runs per concurrency, each in a fresh process")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--measure", nargs=3, metavar=("ENV", "MODEL", "CONCURRENCY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -130,29 +156,40 @@ def main() -> None:
         episodes = args.episodes or max(200, 4 * int(concurrency))
         print(json.dumps(_measure(env, model, int(concurrency), episodes)))
     else:
-        _compare_concurrencies(args.episodes)
+        _compare_concurrencies(args.episodes, args.repeats)
 
 
-def _compare_concurrencies(episodes: int) -> None:
-    """Serve the stand-ins, measure each concurrency in a process of its own, and print the table."""
+def _compare_concurrencies(episodes: int, repeats: int) -> None:
+    """Serve the stand-ins, measure each concurrency ``repeats`` times, each in a process of its own, and print the
+    table: the min and median CPU per turn over the repeats, the median of the rest."""
     me = [sys.executable, os.path.abspath(__file__)]
     stand_ins = subprocess.Popen([*me, "--serve"], stdout=subprocess.PIPE, text=True)
     try:
         urls = json.loads(stand_ins.stdout.readline())
-        print("concurrency  episodes  turns  evaluate CPU ms/turn  peak RSS MB/episode in flight  wall s")
+        print(
+            "concurrency  episodes  turns  evaluate CPU ms/turn min  median  warm-up CPU ms  "
+            "peak RSS MB/episode in flight  wall s"
+        )
         for concurrency in CONCURRENCIES:
-            measured = subprocess.run(
-                [*me, "--measure", urls["env"], urls["model"], str(concurrency), "--episodes", str(episodes)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-                check=True,
+            rows = []
+            for _ in range(repeats):
+                measured = subprocess.run(
+                    [*me, "--measure", urls["env"], urls["model"], str(concurrency), "--episodes", str(episodes)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                    check=True,
+                )
+                rows.append(row := json.loads(measured.stdout))
+                assert row["scored"] == row["episodes"], row
+            cpu, warm_up, rss, wall = (
+                [row[name] for row in rows]
+                for name in ("cpu_ms_per_turn", "warm_up_cpu_ms", "rss_mb_per_episode", "wall_s")
             )
-            row = json.loads(measured.stdout)
-            assert row["scored"] == row["episodes"], row
             print(
-                f"{row['concurrency']:>11}  {row['episodes']:>8}  {row['turns']:>5}  {row['cpu_ms_per_turn']:>20.3f}  "
-                f"{row['rss_mb_per_episode']:>29.3f}  {row['wall_s']:>6.1f}"
+                f"{concurrency:>11}  {rows[0]['episodes']:>8}  {rows[0]['turns']:>5}  {min(cpu):>24.3f}  "
+                f"{statistics.median(cpu):>6.3f}  {statistics.median(warm_up):>14.1f}  "
+                f"{statistics.median(rss):>29.3f}  {statistics.median(wall):>6.1f}"
             )
     finally:
         stand_ins.terminate()
