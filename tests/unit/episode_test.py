@@ -261,6 +261,26 @@ def test_a_parked_session_the_server_dropped_is_replaced_by_a_new_one(
     assert parked == 1
 
 
+def test_a_session_answers_the_servers_pings_while_the_model_thinks_and_while_parked(
+    tmp_path: Path, scripted_model: ScriptedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(chat_core._net, "IDLE_S", 600.0)
+    scripted_model.script([delay(2, step) for step in SCRIPTS["played"]], session="slow")
+    scripted_model.script(SCRIPTS["played"], session="next")
+
+    with serve_bundle(ws_ping_s=0.25) as pinging, asyncio.Runner() as loop:
+        played = _rows_of(pinging.url, tmp_path / "rows")["played"]
+        slow = loop.run(play(played, _chat(scripted_model, "slow"), {}, Limits()))
+        loop.run(asyncio.sleep(2))
+        parked = pinging.open_sessions()
+        after = loop.run(play(played, _chat(scripted_model, "next"), {}, Limits()))
+        loop.close()
+
+    assert slow.scored, slow.flags
+    assert parked == 1
+    assert after.scored, after.flags
+
+
 def test_a_tool_call_is_run_and_answered(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
     sampling = {"temperature": 0.7, "top_k": 20, "max_tokens": 64}
 

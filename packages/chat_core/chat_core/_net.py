@@ -23,6 +23,7 @@ import functools
 import os
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import aiohttp
 
@@ -36,6 +37,12 @@ def proxy_from_env() -> bool:
     return os.environ.get(PROXY_FROM_ENV) == "1"
 
 
+class Parkable(Protocol):
+    """A connection the loop can keep for later and close."""
+
+    async def close(self) -> None: ...
+
+
 @dataclass
 class _LoopNet:
     """An event loop's client, and its parked WebSocket connections by server URL, each with the timer that closes
@@ -43,8 +50,8 @@ class _LoopNet:
 
     holder: AsyncGenerator[aiohttp.ClientSession, None]
     client: aiohttp.ClientSession
-    parked: dict[str, list[tuple[aiohttp.ClientWebSocketResponse, asyncio.TimerHandle]]] = field(default_factory=dict)
-    closing: set[asyncio.Task[bool]] = field(default_factory=set)
+    parked: dict[str, list[tuple[Parkable, asyncio.TimerHandle]]] = field(default_factory=dict)
+    closing: set[asyncio.Task[None]] = field(default_factory=set)
 
 
 _loops: dict[asyncio.AbstractEventLoop, _LoopNet] = {}
@@ -61,33 +68,34 @@ async def client() -> aiohttp.ClientSession:
     return net.client
 
 
-def park(url: str, ws: aiohttp.ClientWebSocketResponse) -> None:
-    """Keep ``ws``, a session on the env server at ``url`` with no episode open, for the next episode there."""
+def park(url: str, connection: Parkable) -> None:
+    """Keep ``connection``, a session on the env server at ``url`` with no episode open, for the next episode
+    there."""
     loop = asyncio.get_running_loop()
     net = _loops.get(loop)
     if net is None or net.client.closed:
         return  # the connection closed with the client
-    timer = loop.call_later(IDLE_S, _expire, net, url, ws)
-    net.parked.setdefault(url, []).append((ws, timer))
+    timer = loop.call_later(IDLE_S, _expire, net, url, connection)
+    net.parked.setdefault(url, []).append((connection, timer))
 
 
-def unpark(url: str) -> aiohttp.ClientWebSocketResponse | None:
+def unpark(url: str) -> Parkable | None:
     """The session parked last on the server at ``url``, taken out of the park, or None when none is parked."""
     net = _loops.get(asyncio.get_running_loop())
     idle = net.parked.get(url) if net is not None else None
     if not idle:
         return None
-    ws, timer = idle.pop()
+    connection, timer = idle.pop()
     timer.cancel()
-    return ws
+    return connection
 
 
-def _expire(net: _LoopNet, url: str, ws: aiohttp.ClientWebSocketResponse) -> None:
+def _expire(net: _LoopNet, url: str, connection: Parkable) -> None:
     idle = net.parked.get(url, [])
     for position, (parked, _) in enumerate(idle):
-        if parked is ws:
+        if parked is connection:
             del idle[position]
-            closing = asyncio.get_running_loop().create_task(ws.close())
+            closing = asyncio.get_running_loop().create_task(connection.close())
             net.closing.add(closing)
             closing.add_done_callback(net.closing.discard)
             return
@@ -108,7 +116,7 @@ async def _held_client(loop: asyncio.AbstractEventLoop) -> AsyncGenerator[aiohtt
     finally:
         net = _loops.pop(loop, None)
         if net is not None:
-            parked = [ws for idle in net.parked.values() for ws, _ in idle]
+            parked = [connection for idle in net.parked.values() for connection, _ in idle]
             net.parked.clear()
-            await asyncio.gather(*(ws.close() for ws in parked), *net.closing, return_exceptions=True)
+            await asyncio.gather(*(each.close() for each in parked), *net.closing, return_exceptions=True)
         await client.close()

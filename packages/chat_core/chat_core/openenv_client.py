@@ -11,6 +11,7 @@ import contextlib
 import json
 import random
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ _OPEN_TIMEOUT_S = 30.0
 _HTTP_TIMEOUT_S = 60.0
 _WS_TIMEOUT = aiohttp.ClientWSTimeout(ws_receive=None, ws_close=2.0)
 _DROPPED = frozenset({aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED})
+_CLOSED = aiohttp.WSMessage(aiohttp.WSMsgType.CLOSED, None, None)
 
 
 @dataclass(frozen=True)
@@ -222,7 +224,7 @@ class EpisodeSession:
         self._ws_url = "ws" + self.url.removeprefix("http") + "/ws"
         self._capacity_wait = capacity_wait or CapacityWait()
         self._call_deadline_s = call_deadline_s
-        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._ws: _Connection | None = None
         self._started = False
         self._closed = False
         self._ended = False
@@ -292,17 +294,17 @@ class EpisodeSession:
         episode still open. Safe to call at any time, more than once, and while being cancelled: the connection is
         dropped even when the closing handshake can't finish."""
         self._closed = True
-        if self._ended and self._ws is not None and not self._ws.closed:
-            ws, self._ws = self._ws, None
-            park(self.url, ws)
+        if self._ended and self._ws is not None and self._ws.open:
+            connection, self._ws = self._ws, None
+            park(self.url, connection)
             return
         await self._drop_connection()
 
     async def _start(self, message: str) -> dict[str, Any]:
         """The first answer to the reset ``message``, on a parked session when one answers it, else on a new one. A
         parked session can have been closed by the server while it waited; it is dropped for the next."""
-        while (ws := unpark(self.url)) is not None:
-            self._ws = ws
+        while (connection := unpark(self.url)) is not None:
+            self._ws = connection
             try:
                 return await self._first_answer(message)
             except SessionDropped:
@@ -310,11 +312,11 @@ class EpisodeSession:
         self._ws = await self._connect()
         return await self._first_answer(message)
 
-    async def _connect(self) -> aiohttp.ClientWebSocketResponse:
+    async def _connect(self) -> _Connection:
         http = await client()
         try:
             async with asyncio.timeout(_OPEN_TIMEOUT_S):
-                return await http.ws_connect(self._ws_url, timeout=_WS_TIMEOUT, max_msg_size=0)
+                return _Connection(await http.ws_connect(self._ws_url, timeout=_WS_TIMEOUT, max_msg_size=0))
         except aiohttp.WSServerHandshakeError as e:
             raise NotAnOpenEnvServer(
                 f"{self._ws_url} doesn't take WebSocket sessions as an OpenEnv server does: {_described(e)}"
@@ -328,22 +330,22 @@ class EpisodeSession:
         assert self._ws is not None
         self._ended = False
         with contextlib.suppress(aiohttp.ClientConnectionError, ConnectionError):
-            await self._ws.send_str(message)
-        return _frame_of(await self._ws.receive(), "reset")
+            await self._ws.ws.send_str(message)
+        return _frame_of(await self._ws.next_message(), "reset")
 
     async def _exchange(self, message: dict[str, Any], what: str) -> Observation:
         """Send ``message`` and read the server's answer to it as an observation."""
-        ws = self._ws
-        if ws is None:
+        connection = self._ws
+        if connection is None:
             raise RuntimeError(f"{what} needs an open episode: call reset first, and not after close")
         self._ended = False
         try:
             async with asyncio.timeout(self._call_deadline_s):
                 try:
-                    await ws.send_str(json.dumps(message))
+                    await connection.ws.send_str(json.dumps(message))
                 except (aiohttp.ClientConnectionError, ConnectionError) as e:
                     raise SessionDropped(f"the session closed before {what} could be sent: {_described(e)}") from None
-                answer = await ws.receive()
+                answer = await connection.next_message()
         except TimeoutError:
             raise self._timed_out(what) from None
         return self._observation(_frame_of(answer, what), what)
@@ -373,9 +375,52 @@ class EpisodeSession:
         return observation
 
     async def _drop_connection(self) -> None:
-        ws, self._ws = self._ws, None
-        if ws is not None:
-            await ws.close()
+        connection, self._ws = self._ws, None
+        if connection is not None:
+            await connection.close()
+
+
+class _Connection:
+    """A session's WebSocket connection, always reading. aiohttp answers the server's pings only inside
+    ``receive``, and a server closes a session whose pongs are late (uvicorn after 20 s by default), so a reader
+    task receives every message as it arrives, while the episode waits on the model and while the connection is
+    parked, and hands each to the call waiting for it; one that arrives unasked waits for the next call."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse):
+        self.ws = ws
+        self._arrived: deque[aiohttp.WSMessage] = deque()
+        self._waiter: asyncio.Future[aiohttp.WSMessage] | None = None
+        self._reader = asyncio.ensure_future(self._read())
+
+    @property
+    def open(self) -> bool:
+        """Whether the server can still answer on it: not closed, and nothing arrived unasked."""
+        return not self._reader.done() and not self._arrived
+
+    async def next_message(self) -> aiohttp.WSMessage:
+        """The next message the server sent, waiting for it if it hasn't come yet."""
+        if self._arrived:
+            return self._arrived.popleft()
+        if self._reader.done():
+            return _CLOSED
+        self._waiter = asyncio.get_running_loop().create_future()
+        return await self._waiter
+
+    async def close(self) -> None:
+        """Stop reading and close the connection; it is dropped even when the closing handshake can't finish."""
+        self._reader.cancel()
+        await self.ws.close()
+
+    async def _read(self) -> None:
+        while True:
+            message = await self.ws.receive()
+            waiter, self._waiter = self._waiter, None
+            if waiter is not None and not waiter.done():
+                waiter.set_result(message)
+            else:
+                self._arrived.append(message)
+            if message.type is not aiohttp.WSMsgType.TEXT and message.type is not aiohttp.WSMsgType.BINARY:
+                return
 
 
 class ProbeSession(EpisodeSession):

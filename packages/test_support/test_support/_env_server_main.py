@@ -1,9 +1,10 @@
 """The process ``serve_bundle`` starts: agent-env's ``build_app`` over a bundle, served by uvicorn on a free loopback
 port, plus one route, ``GET /test-support/open``, saying how many episodes and WebSocket sessions it holds open.
 
-Run as ``python -m test_support._env_server_main BUNDLE PORT_FILE MAX_CONCURRENT_ENVS PARENT_PID PORT`` (PORT 0:
-a free one). The port is written to PORT_FILE once the socket listens; the Task API answers once the app has
-started. The server shuts down by itself once PARENT_PID is no longer its parent.
+Run as ``python -m test_support._env_server_main BUNDLE PORT_FILE MAX_CONCURRENT_ENVS PARENT_PID PORT PING_S``
+(PORT 0: a free one). The port is written to PORT_FILE once the socket listens; the Task API answers once the app
+has started. PING_S is uvicorn's WebSocket keepalive: a ping to each session every PING_S seconds, the session
+closed when its pong is PING_S seconds late. The server shuts down by itself once PARENT_PID is no longer its parent.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from openenv.core.env_server.http_server import HTTPEnvServer
 from .env_server import OPEN_ROUTE
 
 
-def main(bundle: str, port_file: str, max_concurrent_envs: str, parent_pid: str, port: str) -> None:
+def main(bundle: str, port_file: str, max_concurrent_envs: str, parent_pid: str, port: str, ping_s: str) -> None:
     _stop_when_orphaned(int(parent_pid))
     app = build_app(Path(bundle), max_concurrent_envs=int(max_concurrent_envs))
     sessions = _env_server(app)
@@ -39,7 +40,8 @@ def main(bundle: str, port_file: str, max_concurrent_envs: str, parent_pid: str,
     partial = f"{port_file}.partial"
     Path(partial).write_text(str(listening.getsockname()[1]))
     os.replace(partial, port_file)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[listening])
+    config = uvicorn.Config(app, log_level="warning", ws_ping_interval=float(ping_s), ws_ping_timeout=float(ping_s))
+    uvicorn.Server(config).run(sockets=[listening])
 
 
 def _stop_when_orphaned(parent_pid: int) -> None:

@@ -140,12 +140,15 @@ def serve_bundle(
     *,
     max_concurrent_envs: int = 8,
     port: int = 0,
+    ws_ping_s: float = 20.0,
     python: str | Path | None = None,
     startup_timeout: float = 120.0,
     close_timeout: float = 10.0,
 ) -> Iterator[ServedBundle]:
     """Serve ``bundle_dir`` (the sample bundle by default) with ``build_app`` in a subprocess on loopback at
-    ``port`` (0: a free one; a killed server's port can serve again), and yield it once its Task API answers. The
+    ``port`` (0: a free one; a killed server's port can serve again), and yield it once its Task API answers. It
+    pings each WebSocket session every ``ws_ping_s`` seconds and closes one whose pong is ``ws_ping_s`` late, as
+    uvicorn does by default every 20 s. The
     server runs on ``python``, by default the interpreter ENV_SERVER_PYTHON names, else this one: it needs
     agentenv-framework[openenv] and uvicorn, which a trainer's environment may lack.
 
@@ -172,6 +175,7 @@ def serve_bundle(
                     str(max_concurrent_envs),
                     str(os.getpid()),
                     str(port),
+                    str(ws_ping_s),
                 ],
                 env=_server_environment(state_dir),
                 cwd=state_dir,
