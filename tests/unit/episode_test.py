@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import math
 import shutil
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -214,6 +216,21 @@ def test_an_ended_episodes_session_starts_the_next_episode_and_closes_once_idle(
 
     assert first.scored and second.scored
     assert (after_first, after_second) == (1, 1)
+
+
+def test_the_sessions_a_loop_parked_are_closed_with_it_leaving_nothing_unclosed(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    scripted_model.script(SCRIPTS["played"], session="parks")
+
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always", ResourceWarning)
+        result = asyncio.run(play(rows["played"], _chat(scripted_model, "parks"), {}, Limits()))
+        gc.collect()
+
+    assert result.scored, result.flags
+    assert [str(each.message) for each in warned if issubclass(each.category, ResourceWarning)] == []
+    sample_env.wait_until_closed()
 
 
 @pytest.mark.parametrize("ending", ["model_deadline", "env_deadline", "cancelled"])

@@ -72,9 +72,7 @@ def park(url: str, connection: Parkable) -> None:
     """Keep ``connection``, a session on the env server at ``url`` with no episode open, for the next episode
     there."""
     loop = asyncio.get_running_loop()
-    net = _loops.get(loop)
-    if net is None or net.client.closed:
-        return  # the connection closed with the client
+    net = _loops[loop]
     timer = loop.call_later(IDLE_S, _expire, net, url, connection)
     net.parked.setdefault(url, []).append((connection, timer))
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from chat_core._json import parse_json
+from chat_core._json import parse_json, wire_text
 from chat_core._net import client
 from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
 from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation, server_url
@@ -452,7 +452,7 @@ class _Game:
         if status >= 400:
             self.fail(
                 FlagKind.SESSION_FAILED,
-                f"the chat endpoint {self._chat.url} answered HTTP {status}: {_clipped(_decoded(raw))}"
+                f"the chat endpoint {self._chat.url} answered HTTP {status}: {_clipped(wire_text(raw))}"
                 f"{self._retried()}",
             )
             return None
@@ -530,12 +530,12 @@ def _reply_of(raw: bytes, seen: int) -> _Reply:
     try:
         completion = parse_json(raw)
     except ValueError as e:
-        raise _ChatFailed(f"answered with something that isn't JSON ({e}): {_clipped(_decoded(raw))}") from None
+        raise _ChatFailed(f"answered with something that isn't JSON ({e}): {_clipped(wire_text(raw))}") from None
     choices = completion.get("choices") if isinstance(completion, dict) else None
     choice = choices[0] if isinstance(choices, list) and choices else None
     message = choice.get("message") if isinstance(choice, dict) else None
     if not isinstance(message, dict):
-        raise _ChatFailed(f"answered without a choice holding a message: {_clipped(_decoded(raw))}")
+        raise _ChatFailed(f"answered without a choice holding a message: {_clipped(wire_text(raw))}")
     if choice.get("finish_reason") == "abort":
         raise _ChatFailed("aborted the reply (finish_reason 'abort')")
     text = _text_of(message.get("content"))
@@ -609,10 +609,6 @@ def _kind_of(error: OpenEnvError) -> FlagKind:
     if isinstance(error, ServerUnreachable):
         return FlagKind.ENV_UNREACHABLE
     return FlagKind.PROTOCOL_ERROR
-
-
-def _decoded(raw: bytes) -> str:
-    return raw.decode("utf-8", errors="replace")
 
 
 def _described(error: BaseException) -> str:

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from chat_core._json import parse_json
+from chat_core._json import parse_json, wire_text
 from chat_core._net import client, park, unpark
 from chat_core.errors import (
     CapacityExhausted,
@@ -198,7 +198,7 @@ class OpenEnvServer:
             return parse_json(raw)
         except ValueError as e:
             raise NotAnOpenEnvServer(
-                f"{self.url} answered {method} {path} with something that isn't JSON ({e}): {_excerpt(_text(raw))}"
+                f"{self.url} answered {method} {path} with something that isn't JSON ({e}): {_excerpt(wire_text(raw))}"
             ) from None
 
 
@@ -224,7 +224,7 @@ class EpisodeSession:
         self._ws_url = "ws" + self.url.removeprefix("http") + "/ws"
         self._capacity_wait = capacity_wait or CapacityWait()
         self._call_deadline_s = call_deadline_s
-        self._ws: _Connection | None = None
+        self._connection: _Connection | None = None
         self._started = False
         self._closed = False
         self._ended = False
@@ -294,8 +294,8 @@ class EpisodeSession:
         episode still open. Safe to call at any time, more than once, and while being cancelled: the connection is
         dropped even when the closing handshake can't finish."""
         self._closed = True
-        if self._ended and self._ws is not None and self._ws.open:
-            connection, self._ws = self._ws, None
+        if self._ended and self._connection is not None:
+            connection, self._connection = self._connection, None
             park(self.url, connection)
             return
         await self._drop_connection()
@@ -304,12 +304,12 @@ class EpisodeSession:
         """The first answer to the reset ``message``, on a parked session when one answers it, else on a new one. A
         parked session can have been closed by the server while it waited; it is dropped for the next."""
         while (connection := unpark(self.url)) is not None:
-            self._ws = connection
+            self._connection = connection
             try:
                 return await self._first_answer(message)
             except SessionDropped:
                 await self._drop_connection()
-        self._ws = await self._connect()
+        self._connection = await self._connect()
         return await self._first_answer(message)
 
     async def _connect(self) -> _Connection:
@@ -327,22 +327,22 @@ class EpisodeSession:
     async def _first_answer(self, message: str) -> dict[str, Any]:
         """The server's first frame: a full server sends its refusal as soon as the connection opens, possibly
         before the reset is even sent, and then closes."""
-        assert self._ws is not None
+        assert self._connection is not None
         self._ended = False
         with contextlib.suppress(aiohttp.ClientConnectionError, ConnectionError):
-            await self._ws.ws.send_str(message)
-        return _frame_of(await self._ws.next_message(), "reset")
+            await self._connection.send(message)
+        return _frame_of(await self._connection.next_message(), "reset")
 
     async def _exchange(self, message: dict[str, Any], what: str) -> Observation:
         """Send ``message`` and read the server's answer to it as an observation."""
-        connection = self._ws
+        connection = self._connection
         if connection is None:
             raise RuntimeError(f"{what} needs an open episode: call reset first, and not after close")
         self._ended = False
         try:
             async with asyncio.timeout(self._call_deadline_s):
                 try:
-                    await connection.ws.send_str(json.dumps(message))
+                    await connection.send(json.dumps(message))
                 except (aiohttp.ClientConnectionError, ConnectionError) as e:
                     raise SessionDropped(f"the session closed before {what} could be sent: {_described(e)}") from None
                 answer = await connection.next_message()
@@ -375,7 +375,7 @@ class EpisodeSession:
         return observation
 
     async def _drop_connection(self) -> None:
-        connection, self._ws = self._ws, None
+        connection, self._connection = self._connection, None
         if connection is not None:
             await connection.close()
 
@@ -387,15 +387,13 @@ class _Connection:
     parked, and hands each to the call waiting for it; one that arrives unasked waits for the next call."""
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse):
-        self.ws = ws
+        self._ws = ws
         self._arrived: deque[aiohttp.WSMessage] = deque()
         self._waiter: asyncio.Future[aiohttp.WSMessage] | None = None
         self._reader = asyncio.ensure_future(self._read())
 
-    @property
-    def open(self) -> bool:
-        """Whether the server can still answer on it: not closed, and nothing arrived unasked."""
-        return not self._reader.done() and not self._arrived
+    async def send(self, text: str) -> None:
+        await self._ws.send_str(text)
 
     async def next_message(self) -> aiohttp.WSMessage:
         """The next message the server sent, waiting for it if it hasn't come yet."""
@@ -409,11 +407,11 @@ class _Connection:
     async def close(self) -> None:
         """Stop reading and close the connection; it is dropped even when the closing handshake can't finish."""
         self._reader.cancel()
-        await self.ws.close()
+        await self._ws.close()
 
     async def _read(self) -> None:
         while True:
-            message = await self.ws.receive()
+            message = await self._ws.receive()
             waiter, self._waiter = self._waiter, None
             if waiter is not None and not waiter.done():
                 waiter.set_result(message)
@@ -432,7 +430,7 @@ class ProbeSession(EpisodeSession):
     async def reset(self, split: str, index: int) -> Observation:
         """Start task ``index`` of ``split``, abandoning the task started before it; raises as
         ``EpisodeSession.reset`` does, except that a session may reset again until it closes."""
-        if self._ws is None or self._closed:
+        if self._connection is None or self._closed:
             return await super().reset(split, index)
         return await self._exchange({"type": "reset", "data": {"split": split, "index": index}}, "reset")
 
@@ -505,16 +503,12 @@ def _closing(message: aiohttp.WSMessage) -> str:
     return f"close code {message.data}" + (f" ({message.extra})" if message.extra else "")
 
 
-def _text(raw: bytes) -> str:
-    return raw.decode("utf-8", errors="replace")
-
-
 def _detail(raw: bytes) -> str:
     try:
         detail = parse_json(raw).get("detail")
     except (ValueError, AttributeError):
         detail = None
-    return str(detail) if detail else _excerpt(_text(raw))
+    return str(detail) if detail else _excerpt(wire_text(raw))
 
 
 def _described(error: BaseException) -> str:
