@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from chat_core._json import parse_json, wire_text
+from chat_core._json import encoded, parse_json, wire_text
 from chat_core._net import client
 from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
 from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation, server_url
@@ -359,7 +359,7 @@ class _Game:
         if listed.done:
             self._finish(listed)
             return None
-        tools = b'],"tools":' + json.dumps([tool.as_openai() for tool in listed.tools]).encode() + b"}"
+        tools = b'],"tools":' + encoded([tool.as_openai() for tool in listed.tools]) + b"}"
         while True:
             reply = await self._ask(tools)
             if reply is None:
@@ -376,26 +376,11 @@ class _Game:
                 )
             if not reply.tool_calls:
                 return await self._end_turn(session, reply.text)
-            for position, call in enumerate(reply.tool_calls):
-                name = call["function"]["name"]
-                arguments = _arguments_of(call["function"].get("arguments"))
-                if name == END_TURN and isinstance(arguments, dict):
-                    response = arguments.get("response", reply.text)
-                    if isinstance(response, str):
-                        self._answer(call, "Your turn has ended.")
-                        self._skip(reply.tool_calls[position + 1 :], "the turn had already ended")
-                        return await self._end_turn(session, response)
-                    arguments = f'end_turn takes {{"response": string}}, not a response of {_clipped(response)}'
-                if calls >= self._limits.max_tool_calls_per_turn:
-                    self.result.flags.append(
-                        Flag(
-                            FlagKind.TOOL_CALL_LIMIT,
-                            f"turn {len(self.result.turns)}: the model called more than max_tool_calls_per_turn="
-                            f"{self._limits.max_tool_calls_per_turn} tools; the turn was ended with its latest text",
-                        )
-                    )
-                    self._skip(reply.tool_calls[position:], "the turn's tool-call limit was reached")
-                    return await self._end_turn(session, reply.text)
+            taken, stop = _taken_calls(reply, self._limits.max_tool_calls_per_turn - calls)
+            run = [(name, arguments) for _, name, arguments in taken if isinstance(arguments, dict)]
+            if run:
+                await self._env(None, session.send_tool_calls(run))
+            for call, name, arguments in taken:
                 calls += 1
                 counts.tool_calls += 1
                 if isinstance(arguments, str):
@@ -409,7 +394,7 @@ class _Game:
                     self._answer(call, f"error: {arguments}")
                     continue
                 with self._trace.span("tool_call", {"turn": len(self.result.turns), "tool": name}) as end:
-                    answered = await self._env(None, session.call_tool(name, arguments))
+                    answered = await self._env(None, session.tool_answer())
                     if answered.done:
                         self._finish(answered)
                         return None
@@ -417,6 +402,22 @@ class _Game:
                     end["error"] = failed
                 counts.tool_errors += failed
                 self._answer(call, text)
+            if stop is None:
+                continue
+            position, response = stop
+            if response is not None:
+                self._answer(reply.tool_calls[position], "Your turn has ended.")
+                self._skip(reply.tool_calls[position + 1 :], "the turn had already ended")
+                return await self._end_turn(session, response)
+            self.result.flags.append(
+                Flag(
+                    FlagKind.TOOL_CALL_LIMIT,
+                    f"turn {len(self.result.turns)}: the model called more than max_tool_calls_per_turn="
+                    f"{self._limits.max_tool_calls_per_turn} tools; the turn was ended with its latest text",
+                )
+            )
+            self._skip(reply.tool_calls[position:], "the turn's tool-call limit was reached")
+            return await self._end_turn(session, reply.text)
 
     async def _end_turn(self, session: EpisodeSession | PooledSession, response: str) -> Observation:
         with self._trace.span(END_TURN, {"turn": len(self.result.turns)}) as end:
@@ -500,7 +501,7 @@ class _Game:
 
     def _say(self, message: dict[str, Any]) -> None:
         self.result.transcript.append(message)
-        self._said.append(json.dumps(message).encode())
+        self._said.append(encoded(message))
 
     def _answer(self, call: dict[str, Any], content: str) -> None:
         self._say({"role": "tool", "tool_call_id": call["id"], "content": content})
@@ -558,6 +559,27 @@ def _reply_of(raw: bytes, seen: int) -> _Reply:
     else:
         kept.pop("tool_calls", None)
     return _Reply(message=kept, text=text, tool_calls=calls, truncated=choice.get("finish_reason") == "length")
+
+
+def _taken_calls(
+    reply: _Reply, room: int
+) -> tuple[list[tuple[dict[str, Any], str, dict[str, Any] | str]], tuple[int, str | None] | None]:
+    """The tool calls of ``reply`` the turn takes, in order, each with its name and its arguments (or why they
+    can't be run), at most ``room`` of them; and where the turn stops, when it does: the position of the
+    ``end_turn`` call with the response it hands in, or of the first call past ``room`` with None."""
+    taken: list[tuple[dict[str, Any], str, dict[str, Any] | str]] = []
+    for position, call in enumerate(reply.tool_calls):
+        name = call["function"]["name"]
+        arguments = _arguments_of(call["function"].get("arguments"))
+        if name == END_TURN and isinstance(arguments, dict):
+            response = arguments.get("response", reply.text)
+            if isinstance(response, str):
+                return taken, (position, response)
+            arguments = f'end_turn takes {{"response": string}}, not a response of {_clipped(response)}'
+        if len(taken) >= room:
+            return taken, (position, None)
+        taken.append((call, name, arguments))
+    return taken, None
 
 
 def _text_of(content: Any) -> str:

@@ -12,14 +12,14 @@ import json
 import random
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 
-from chat_core._json import parse_json, wire_text
+from chat_core._json import encoded, parse_json, wire_text
 from chat_core._net import client, park, unpark
 from chat_core.errors import (
     CapacityExhausted,
@@ -206,7 +206,9 @@ class EpisodeSession:
     """One WebSocket session on the server at ``url``, playing one episode: ``reset`` starts it, ``list_tools`` and
     ``call_tool`` play it, and ``close`` ends the session, which abandons the episode if it is still open (the
     server tears it down and runs none of its verifiers). Use it with ``async with`` so the session always closes.
-    Not safe for concurrent use: each call waits for its answer before the next may be sent.
+    Not safe for concurrent use. The server answers a session's messages one by one, in the order sent, so a turn's
+    tool calls can be sent together (``send_tool_calls``) and their answers read in turn (``tool_answer``), which
+    saves a round trip per call after the first.
 
     The connection under it may have played an episode before: ``reset`` starts on a session the event loop has
     parked on the same server when it has one, and ``close`` parks the session for the next episode once the server
@@ -228,6 +230,7 @@ class EpisodeSession:
         self._started = False
         self._closed = False
         self._ended = False
+        self._unanswered: deque[str] = deque()
         self.capacity_wait_s = 0.0
         self.max_sessions: int | None = None
 
@@ -247,7 +250,7 @@ class EpisodeSession:
         if self._started or self._closed:
             raise RuntimeError("this session has already played an episode; open a new EpisodeSession for another")
         self._started = True
-        message = json.dumps({"type": "reset", "data": {"split": split, "index": index}})
+        message = encoded({"type": "reset", "data": {"split": split, "index": index}}).decode()
         began = time.monotonic()
         delay = self._capacity_wait.first_delay_s
         refused = False
@@ -276,7 +279,8 @@ class EpisodeSession:
         """The tools of the current turn in ``tools``, or an observation that is ``done`` when the episode can't go
         on. Raises EpisodeProtocolError and EnvCallTimeout as ``reset`` does, and RuntimeError before ``reset`` or
         after ``close``."""
-        return await self._exchange({"type": "step", "data": {"type": "list_tools"}}, "list_tools")
+        await self._send({"type": "step", "data": {"type": "list_tools"}}, "list_tools")
+        return await self._answer()
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> Observation:
         """Call the turn's tool ``name``: its answer in ``body["result"]``, or its failure in ``body["error"]``
@@ -284,17 +288,33 @@ class EpisodeSession:
         turn's prompts in ``body["result"]``, or ``done`` with the reward once the last turn ends. Raises TypeError
         when ``arguments`` isn't a mapping (the server would refuse it), EpisodeProtocolError and EnvCallTimeout as
         ``reset`` does, and RuntimeError before ``reset`` or after ``close``."""
-        if not isinstance(arguments, Mapping):
-            raise TypeError(f"tool arguments must be a JSON object, not {type(arguments).__name__}")
-        data = {"type": "call_tool", "tool_name": name, "arguments": dict(arguments)}
-        return await self._exchange({"type": "step", "data": data}, f"call_tool {name!r}")
+        await self.send_tool_calls([(name, arguments)])
+        return await self.tool_answer()
+
+    async def send_tool_calls(self, calls: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+        """Send ``calls``, each a tool's name and arguments, without waiting for their answers: ``tool_answer``
+        reads each in the order sent, as ``call_tool`` would have answered it. Raises TypeError when some arguments
+        aren't a mapping (nothing is sent then), SessionDropped when the session closed, and RuntimeError before
+        ``reset`` or after ``close``."""
+        for _, arguments in calls:
+            if not isinstance(arguments, Mapping):
+                raise TypeError(f"tool arguments must be a JSON object, not {type(arguments).__name__}")
+        for name, arguments in calls:
+            data = {"type": "call_tool", "tool_name": name, "arguments": dict(arguments)}
+            await self._send({"type": "step", "data": data}, f"call_tool {name!r}")
+
+    async def tool_answer(self) -> Observation:
+        """The answer to the earliest tool call sent and not yet answered, as ``call_tool`` returns it. Raises
+        EpisodeProtocolError and EnvCallTimeout as ``reset`` does, and RuntimeError when no call awaits one. A
+        session closed with calls unanswered is closed, not parked, whatever the episode's state."""
+        return await self._answer()
 
     async def close(self) -> None:
         """End the session: park it when the server has ended its episode, else close it, which abandons an
         episode still open. Safe to call at any time, more than once, and while being cancelled: the connection is
         dropped even when the closing handshake can't finish."""
         self._closed = True
-        if self._ended and self._connection is not None:
+        if self._ended and not self._unanswered and self._connection is not None:
             connection, self._connection = self._connection, None
             park(self.url, connection)
             return
@@ -333,21 +353,29 @@ class EpisodeSession:
             await self._connection.send(message)
         return _frame_of(await self._connection.next_message(), "reset")
 
-    async def _exchange(self, message: dict[str, Any], what: str) -> Observation:
-        """Send ``message`` and read the server's answer to it as an observation."""
+    async def _send(self, message: dict[str, Any], what: str) -> None:
+        """Send ``message``, whose answer, to ``what``, ``_answer`` reads."""
         connection = self._connection
         if connection is None:
             raise RuntimeError(f"{what} needs an open episode: call reset first, and not after close")
         self._ended = False
+        self._unanswered.append(what)
+        try:
+            await connection.send(encoded(message).decode())
+        except (aiohttp.ClientConnectionError, ConnectionError) as e:
+            raise SessionDropped(f"the session closed before {what} could be sent: {_described(e)}") from None
+
+    async def _answer(self) -> Observation:
+        """The server's answer to the earliest message sent and not yet answered, as an observation."""
+        if self._connection is None or not self._unanswered:
+            raise RuntimeError("no call awaits an answer: call reset first, and not after close")
+        what = self._unanswered[0]
         try:
             async with asyncio.timeout(self._call_deadline_s):
-                try:
-                    await connection.send(json.dumps(message))
-                except (aiohttp.ClientConnectionError, ConnectionError) as e:
-                    raise SessionDropped(f"the session closed before {what} could be sent: {_described(e)}") from None
-                answer = await connection.next_message()
+                answer = await self._connection.next_message()
         except TimeoutError:
             raise self._timed_out(what) from None
+        self._unanswered.popleft()
         return self._observation(_frame_of(answer, what), what)
 
     def _timed_out(self, what: str) -> EnvCallTimeout:
@@ -432,7 +460,8 @@ class ProbeSession(EpisodeSession):
         ``EpisodeSession.reset`` does, except that a session may reset again until it closes."""
         if self._connection is None or self._closed:
             return await super().reset(split, index)
-        return await self._exchange({"type": "reset", "data": {"split": split, "index": index}}, "reset")
+        await self._send({"type": "reset", "data": {"split": split, "index": index}}, "reset")
+        return await self._answer()
 
 
 def _frame_of(message: aiohttp.WSMessage, what: str) -> dict[str, Any]:
