@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import random
 import time
@@ -38,6 +39,7 @@ _HTTP_TIMEOUT_S = 60.0
 _WS_TIMEOUT = aiohttp.ClientWSTimeout(ws_receive=None, ws_close=2.0)
 _DROPPED = frozenset({aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED})
 _CLOSED = aiohttp.WSMessage(aiohttp.WSMsgType.CLOSED, None, None)
+_TIMER_CONTEXT = contextvars.Context()
 
 
 @dataclass(frozen=True)
@@ -351,7 +353,7 @@ class EpisodeSession:
         self._ended = False
         with contextlib.suppress(aiohttp.ClientConnectionError, ConnectionError):
             await self._connection.send(message)
-        return _frame_of(await self._connection.next_message(), "reset")
+        return _frame_of(await self._connection.next_message(None), "reset")
 
     async def _send(self, message: dict[str, Any], what: str) -> None:
         """Send ``message``, whose answer, to ``what``, ``_answer`` reads."""
@@ -371,8 +373,7 @@ class EpisodeSession:
             raise RuntimeError("no call awaits an answer: call reset first, and not after close")
         what = self._unanswered[0]
         try:
-            async with asyncio.timeout(self._call_deadline_s):
-                answer = await self._connection.next_message()
+            answer = await self._connection.next_message(self._call_deadline_s)
         except TimeoutError:
             raise self._timed_out(what) from None
         self._unanswered.popleft()
@@ -412,7 +413,11 @@ class _Connection:
     """A session's WebSocket connection, always reading. aiohttp answers the server's pings only inside
     ``receive``, and a server closes a session whose pongs are late (uvicorn after 20 s by default), so a reader
     task receives every message as it arrives, while the episode waits on the model and while the connection is
-    parked, and hands each to the call waiting for it; one that arrives unasked waits for the next call."""
+    parked, and hands each to the call waiting for it; one that arrives unasked waits for the next call.
+
+    A wait's deadline is a timer that fails the waiting future, run in a context of its own: an ``asyncio.timeout``
+    per call made four more objects that outlive the wait, and at a thousand episodes in flight every such object
+    is one more for the garbage collector's oldest generation."""
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse):
         self._ws = ws
@@ -423,14 +428,22 @@ class _Connection:
     async def send(self, text: str) -> None:
         await self._ws.send_str(text)
 
-    async def next_message(self) -> aiohttp.WSMessage:
-        """The next message the server sent, waiting for it if it hasn't come yet."""
+    async def next_message(self, deadline_s: float | None) -> aiohttp.WSMessage:
+        """The next message the server sent, waiting for it if it hasn't come yet; TimeoutError when none comes
+        within ``deadline_s`` (None: no limit)."""
         if self._arrived:
             return self._arrived.popleft()
         if self._reader.done():
             return _CLOSED
-        self._waiter = asyncio.get_running_loop().create_future()
-        return await self._waiter
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        if deadline_s is None:
+            return await waiter
+        timer = loop.call_later(deadline_s, _time_out, waiter, context=_TIMER_CONTEXT)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
 
     async def close(self) -> None:
         """Stop reading and close the connection; it is dropped even when the closing handshake can't finish."""
@@ -462,6 +475,11 @@ class ProbeSession(EpisodeSession):
             return await super().reset(split, index)
         await self._send({"type": "reset", "data": {"split": split, "index": index}}, "reset")
         return await self._answer()
+
+
+def _time_out(waiter: asyncio.Future[aiohttp.WSMessage]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
 
 
 def _frame_of(message: aiohttp.WSMessage, what: str) -> dict[str, Any]:
