@@ -6,6 +6,11 @@ the env and answer it as a ``tool`` message → repeat until the model replies w
 ``end_turn``) → hand the reply to ``end_turn``. The env then opens the next turn, whose prompt becomes a new user
 message, or ends the episode with its reward.
 
+Each call waits for its answer before the next is sent, though the server answers a session's calls in order:
+uvicorn stops reading a session while a message it received waits for the app, so a call sent behind a slow one
+(a long tool, the verifiers) would leave the server's pings unanswered, and past its ping timeout it drops the
+session.
+
 Whatever goes wrong ends in an ``EpisodeResult`` carrying a flag with a kind and a message, never in a reward of 0
 and never in an exception, except the caller's cancellation. The env session is closed however ``play`` ends, so an
 unfinished episode is abandoned on the server without running its verifiers."""
@@ -391,11 +396,26 @@ class _Game:
                 )
             if not reply.tool_calls:
                 return await self._end_turn(session, reply.text)
-            taken, stop = _taken_calls(reply, self._limits.max_tool_calls_per_turn - calls)
-            run = [(name, arguments) for _, name, arguments in taken if isinstance(arguments, dict)]
-            if run:
-                await self._env(None, session.send_tool_calls(run))
-            for call, name, arguments in taken:
+            for position, call in enumerate(reply.tool_calls):
+                name = call["function"]["name"]
+                arguments = _arguments_of(call["function"].get("arguments"))
+                if name == END_TURN and isinstance(arguments, dict):
+                    response = arguments.get("response", reply.text)
+                    if isinstance(response, str):
+                        self._answer(call, "Your turn has ended.")
+                        self._skip(reply.tool_calls[position + 1 :], "the turn had already ended")
+                        return await self._end_turn(session, response)
+                    arguments = f'end_turn takes {{"response": string}}, not a response of {_clipped(response)}'
+                if calls >= self._limits.max_tool_calls_per_turn:
+                    self.result.flags.append(
+                        Flag(
+                            FlagKind.TOOL_CALL_LIMIT,
+                            f"turn {len(self.result.turns)}: the model called more than max_tool_calls_per_turn="
+                            f"{self._limits.max_tool_calls_per_turn} tools; the turn was ended with its latest text",
+                        )
+                    )
+                    self._skip(reply.tool_calls[position:], "the turn's tool-call limit was reached")
+                    return await self._end_turn(session, reply.text)
                 calls += 1
                 counts.tool_calls += 1
                 if isinstance(arguments, str):
@@ -409,29 +429,13 @@ class _Game:
                     self._answer(call, f"error: {arguments}")
                     continue
                 with self._trace.span("tool_call", {"turn": len(self.result.turns), "tool": name}) as end:
-                    answered = await self._tool_answer(session)
+                    answered = await self._call_tool(session, name, arguments)
                     if answered is None:
                         return None
                     text, failed = answered
                     end["error"] = failed
                 counts.tool_errors += failed
                 self._answer(call, text)
-            if stop is None:
-                continue
-            position, response = stop
-            if response is not None:
-                self._answer(reply.tool_calls[position], "Your turn has ended.")
-                self._skip(reply.tool_calls[position + 1 :], "the turn had already ended")
-                return await self._end_turn(session, response)
-            self.result.flags.append(
-                Flag(
-                    FlagKind.TOOL_CALL_LIMIT,
-                    f"turn {len(self.result.turns)}: the model called more than max_tool_calls_per_turn="
-                    f"{self._limits.max_tool_calls_per_turn} tools; the turn was ended with its latest text",
-                )
-            )
-            self._skip(reply.tool_calls[position:], "the turn's tool-call limit was reached")
-            return await self._end_turn(session, reply.text)
 
     async def _tools_of_turn(self, session: EpisodeSession | PooledSession) -> bytes | None:
         """The turn's tools, encoded as the end of a chat body, or None when the env ended the episode instead."""
@@ -441,10 +445,12 @@ class _Game:
             return None
         return b'],"tools":' + encoded([tool.as_openai() for tool in listed.tools]) + b"}"
 
-    async def _tool_answer(self, session: EpisodeSession | PooledSession) -> tuple[str, bool] | None:
-        """The text the next tool call answered the model with and whether it failed, or None when the env ended
-        the episode instead."""
-        answered = await self._env(None, session.tool_answer())
+    async def _call_tool(
+        self, session: EpisodeSession | PooledSession, name: str, arguments: dict[str, Any]
+    ) -> tuple[str, bool] | None:
+        """The text the tool call answers the model with and whether it failed, or None when the env ended the
+        episode instead."""
+        answered = await self._env(None, session.call_tool(name, arguments))
         if answered.done:
             self._finish(answered)
             return None
@@ -590,27 +596,6 @@ def _reply_of(raw: bytes, seen: int) -> _Reply:
     else:
         kept.pop("tool_calls", None)
     return _Reply(message=kept, text=text, tool_calls=calls, truncated=choice.get("finish_reason") == "length")
-
-
-def _taken_calls(
-    reply: _Reply, room: int
-) -> tuple[list[tuple[dict[str, Any], str, dict[str, Any] | str]], tuple[int, str | None] | None]:
-    """The tool calls of ``reply`` the turn takes, in order, each with its name and its arguments (or why they
-    can't be run), at most ``room`` of them; and where the turn stops, when it does: the position of the
-    ``end_turn`` call with the response it hands in, or of the first call past ``room`` with None."""
-    taken: list[tuple[dict[str, Any], str, dict[str, Any] | str]] = []
-    for position, call in enumerate(reply.tool_calls):
-        name = call["function"]["name"]
-        arguments = _arguments_of(call["function"].get("arguments"))
-        if name == END_TURN and isinstance(arguments, dict):
-            response = arguments.get("response", reply.text)
-            if isinstance(response, str):
-                return taken, (position, response)
-            arguments = f'end_turn takes {{"response": string}}, not a response of {_clipped(response)}'
-        if len(taken) >= room:
-            return taken, (position, None)
-        taken.append((call, name, arguments))
-    return taken, None
 
 
 def _text_of(content: Any) -> str:

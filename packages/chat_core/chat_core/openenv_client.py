@@ -13,7 +13,7 @@ import json
 import random
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -208,9 +208,7 @@ class EpisodeSession:
     """One WebSocket session on the server at ``url``, playing one episode: ``reset`` starts it, ``list_tools`` and
     ``call_tool`` play it, and ``close`` ends the session, which abandons the episode if it is still open (the
     server tears it down and runs none of its verifiers). Use it with ``async with`` so the session always closes.
-    Not safe for concurrent use. The server answers a session's messages one by one, in the order sent, so a turn's
-    tool calls can be sent together (``send_tool_calls``) and their answers read in turn (``tool_answer``), which
-    saves a round trip per call after the first.
+    Not safe for concurrent use: each call waits for its answer before the next may be sent.
 
     The connection under it may have played an episode before: ``reset`` starts on a session the event loop has
     parked on the same server when it has one, and ``close`` parks the session for the next episode once the server
@@ -232,7 +230,6 @@ class EpisodeSession:
         self._started = False
         self._closed = False
         self._ended = False
-        self._unanswered: deque[str] = deque()
         self.capacity_wait_s = 0.0
         self.max_sessions: int | None = None
 
@@ -281,8 +278,7 @@ class EpisodeSession:
         """The tools of the current turn in ``tools``, or an observation that is ``done`` when the episode can't go
         on. Raises EpisodeProtocolError and EnvCallTimeout as ``reset`` does, and RuntimeError before ``reset`` or
         after ``close``."""
-        await self._send({"type": "step", "data": {"type": "list_tools"}}, "list_tools")
-        return await self._answer()
+        return await self._exchange({"type": "step", "data": {"type": "list_tools"}}, "list_tools")
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> Observation:
         """Call the turn's tool ``name``: its answer in ``body["result"]``, or its failure in ``body["error"]``
@@ -290,33 +286,17 @@ class EpisodeSession:
         turn's prompts in ``body["result"]``, or ``done`` with the reward once the last turn ends. Raises TypeError
         when ``arguments`` isn't a mapping (the server would refuse it), EpisodeProtocolError and EnvCallTimeout as
         ``reset`` does, and RuntimeError before ``reset`` or after ``close``."""
-        await self.send_tool_calls([(name, arguments)])
-        return await self.tool_answer()
-
-    async def send_tool_calls(self, calls: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
-        """Send ``calls``, each a tool's name and arguments, without waiting for their answers: ``tool_answer``
-        reads each in the order sent, as ``call_tool`` would have answered it. Raises TypeError when some arguments
-        aren't a mapping (nothing is sent then), SessionDropped when the session closed, and RuntimeError before
-        ``reset`` or after ``close``."""
-        for _, arguments in calls:
-            if not isinstance(arguments, Mapping):
-                raise TypeError(f"tool arguments must be a JSON object, not {type(arguments).__name__}")
-        for name, arguments in calls:
-            data = {"type": "call_tool", "tool_name": name, "arguments": dict(arguments)}
-            await self._send({"type": "step", "data": data}, f"call_tool {name!r}")
-
-    async def tool_answer(self) -> Observation:
-        """The answer to the earliest tool call sent and not yet answered, as ``call_tool`` returns it. Raises
-        EpisodeProtocolError and EnvCallTimeout as ``reset`` does, and RuntimeError when no call awaits one. A
-        session closed with calls unanswered is closed, not parked, whatever the episode's state."""
-        return await self._answer()
+        if not isinstance(arguments, Mapping):
+            raise TypeError(f"tool arguments must be a JSON object, not {type(arguments).__name__}")
+        data = {"type": "call_tool", "tool_name": name, "arguments": dict(arguments)}
+        return await self._exchange({"type": "step", "data": data}, f"call_tool {name!r}")
 
     async def close(self) -> None:
         """End the session: park it when the server has ended its episode, else close it, which abandons an
         episode still open. Safe to call at any time, more than once, and while being cancelled: the connection is
         dropped even when the closing handshake can't finish."""
         self._closed = True
-        if self._ended and not self._unanswered and self._connection is not None:
+        if self._ended and self._connection is not None:
             connection, self._connection = self._connection, None
             park(self.url, connection)
             return
@@ -355,28 +335,20 @@ class EpisodeSession:
             await self._connection.send(message)
         return _frame_of(await self._connection.next_message(None), "reset")
 
-    async def _send(self, message: dict[str, Any], what: str) -> None:
-        """Send ``message``, whose answer, to ``what``, ``_answer`` reads."""
+    async def _exchange(self, message: dict[str, Any], what: str) -> Observation:
+        """Send ``message`` and read the server's answer to it as an observation."""
         connection = self._connection
         if connection is None:
             raise RuntimeError(f"{what} needs an open episode: call reset first, and not after close")
         self._ended = False
-        self._unanswered.append(what)
         try:
             await connection.send(encoded(message).decode())
         except (aiohttp.ClientConnectionError, ConnectionError) as e:
             raise SessionDropped(f"the session closed before {what} could be sent: {_described(e)}") from None
-
-    async def _answer(self) -> Observation:
-        """The server's answer to the earliest message sent and not yet answered, as an observation."""
-        if self._connection is None or not self._unanswered:
-            raise RuntimeError("no call awaits an answer: call reset first, and not after close")
-        what = self._unanswered[0]
         try:
-            answer = await self._connection.next_message(self._call_deadline_s)
+            answer = await connection.next_message(self._call_deadline_s)
         except TimeoutError:
             raise self._timed_out(what) from None
-        self._unanswered.popleft()
         return self._observation(_frame_of(answer, what), what)
 
     def _timed_out(self, what: str) -> EnvCallTimeout:
@@ -415,9 +387,10 @@ class _Connection:
     task receives every message as it arrives, while the episode waits on the model and while the connection is
     parked, and hands each to the call waiting for it; one that arrives unasked waits for the next call.
 
-    A wait's deadline is a timer that fails the waiting future, run in a context of its own: an ``asyncio.timeout``
-    per call made four more objects that outlive the wait, and at a thousand episodes in flight every such object
-    is one more for the garbage collector's oldest generation."""
+    A wait's deadline is a timer that fails the waiting future, run in a context of its own. An ``asyncio.timeout``
+    per call was a Timeout, a timer, a bound method and a copy of the caller's context, each outliving the wait,
+    and at a thousand episodes in flight whatever outlives a wait reaches the garbage collector's oldest generation,
+    whose collections go through all of it."""
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse):
         self._ws = ws
@@ -473,8 +446,7 @@ class ProbeSession(EpisodeSession):
         ``EpisodeSession.reset`` does, except that a session may reset again until it closes."""
         if self._connection is None or self._closed:
             return await super().reset(split, index)
-        await self._send({"type": "reset", "data": {"split": split, "index": index}}, "reset")
-        return await self._answer()
+        return await self._exchange({"type": "reset", "data": {"split": split, "index": index}}, "reset")
 
 
 def _time_out(waiter: asyncio.Future[aiohttp.WSMessage]) -> None:

@@ -252,12 +252,6 @@ class PooledSession:
     async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> Observation:
         return await self._started().call_tool(name, arguments)
 
-    async def send_tool_calls(self, calls: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
-        await self._started().send_tool_calls(calls)
-
-    async def tool_answer(self) -> Observation:
-        return await self._started().tool_answer()
-
     async def close(self) -> None:
         """End the session and free its place on its server. Safe to call at any time and more than once."""
         session, server = self._session, self._server
