@@ -29,8 +29,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from chat_core._json import encoded, parse_json, wire_text
 from chat_core._net import client
+from chat_core._wire import encoded, parse_json, wire_text
 from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
 from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation, server_url
 from chat_core.pool import EnvPool, PooledSession, env_servers

@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from chat_core._json import encoded, parse_json, wire_text
 from chat_core._net import client, park, unpark
+from chat_core._wire import encoded, parse_json, wire_text
 from chat_core.errors import (
     CapacityExhausted,
     EnvCallTimeout,
