@@ -278,11 +278,14 @@ def test_a_parked_session_the_server_dropped_is_replaced_by_a_new_one(
     assert parked == 1
 
 
-def test_a_session_answers_the_servers_pings_while_the_model_thinks_and_while_parked(
+def test_a_session_answers_the_servers_pings_while_the_model_thinks_a_tool_runs_and_it_is_parked(
     tmp_path: Path, scripted_model: ScriptedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A tool call longer than the ping timeout, with another after it: a call sent before the one ahead of it is
+    # answered would have uvicorn stop reading the session, pongs included, until the slow one is done.
     monkeypatch.setattr(chat_core._net, "IDLE_S", 600.0)
-    scripted_model.script([delay(2, step) for step in SCRIPTS["played"]], session="slow")
+    slow_tools = tool_calls(tool_call("wait_for_truck", {"seconds": 1}), tool_call("find_crate", {"name": "pears"}))
+    scripted_model.script([delay(2, slow_tools), delay(2, SCRIPTS["played"][-1])], session="slow")
     scripted_model.script(SCRIPTS["played"], session="next")
 
     with serve_bundle(ws_ping_s=0.25) as pinging, asyncio.Runner() as loop:
@@ -381,6 +384,19 @@ def test_a_reply_in_text_parts_is_read_and_kept_without_empty_fields(
 
     assert result.reward == 1.0 and result.flags == []
     assert result.transcript[-1] == {"role": "assistant", "content": parts}
+
+
+def test_a_reply_only_pythons_json_reads_is_played_and_kept_as_it_came(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    # NaN isn't JSON, but Python's encoder writes it; an integer past 64 bits is JSON that orjson can't encode.
+    steps = [_as_sent({"role": "assistant", "content": "A banana.", "seed": 2**70 + 1, "logprob": math.nan})]
+
+    result = _play(sample_env, rows["reply_only"], scripted_model, steps)
+
+    assert result.reward == 1.0 and result.flags == []
+    kept = result.transcript[-1]
+    assert (kept["content"], kept["seed"], math.isnan(kept["logprob"])) == ("A banana.", 2**70 + 1, True)
 
 
 def test_blank_arguments_are_no_arguments(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:

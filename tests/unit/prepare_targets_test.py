@@ -1,11 +1,13 @@
 """The trainer-named ``prepare`` commands, ``bazel run //packages/slime_helper:prepare`` and
 ``//packages/miles_helper:prepare``, run as Bazel builds them against agent-env's real server of the sample bundle:
-both write the same rows, since both name chat_core's one implementation, and both refuse an OUT that exists."""
+both write the same rows, since both name chat_core's one implementation, and both refuse an OUT that exists; and no
+module beside their script shadows a module of the standard library."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,3 +55,16 @@ def test_each_prepare_command_refuses_an_out_that_exists(trainer, written, sampl
     assert done.returncode == 1
     assert "already exists" in done.stderr
     assert (written[trainer] / "all.jsonl").read_bytes() == before
+
+
+def test_no_module_beside_a_commands_script_shadows_the_standard_library():
+    # A script runs with its own folder first on sys.path, so a module there named like one of the standard library's
+    # is what every import of that name gets: chat_core's ``_json`` once stood in for the json parser's C half.
+    packages = Path(os.environ["TEST_SRCDIR"]) / "trainer_helpers" / "packages"
+    modules = [
+        path
+        for name in ("chat_core", *(f"{trainer}_helper" for trainer in TRAINERS))
+        for path in (packages / name / name).glob("*.py")
+    ]
+    assert len(modules) > 10
+    assert [path.name for path in modules if path.stem in sys.stdlib_module_names] == []

@@ -6,6 +6,11 @@ the env and answer it as a ``tool`` message → repeat until the model replies w
 ``end_turn``) → hand the reply to ``end_turn``. The env then opens the next turn, whose prompt becomes a new user
 message, or ends the episode with its reward.
 
+Each call waits for its answer before the next is sent, though the server answers a session's calls in order:
+uvicorn stops reading a session while a message it received waits for the app, so a call sent behind a slow one
+(a long tool, the verifiers) would leave the server's pings unanswered, and past its ping timeout it drops the
+session.
+
 Whatever goes wrong ends in an ``EpisodeResult`` carrying a flag with a kind and a message, never in a reward of 0
 and never in an exception, except the caller's cancellation. The env session is closed however ``play`` ends, so an
 unfinished episode is abandoned on the server without running its verifiers."""
@@ -24,8 +29,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from chat_core._json import parse_json, wire_text
 from chat_core._net import client
+from chat_core._wire import encoded, parse_json, wire_text
 from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
 from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation, server_url
 from chat_core.pool import EnvPool, PooledSession, env_servers
@@ -309,38 +314,55 @@ class _Game:
         self.result.flags.append(Flag(kind, message))
 
     async def play(self, session: EpisodeSession | PooledSession) -> None:
+        """Play the episode through, scored or flagged. Each env answer is read in a call that returns before the
+        episode waits again, so no answer stays alive across a wait: with a thousand episodes in flight, whatever
+        outlives a wait reaches the garbage collector's oldest generation, whose collections go through all of it."""
+        playing = await self._first_turn(session)
+        while playing:
+            playing = self._next_turn(await self._play_turn(session))
+
+    async def _first_turn(self, session: EpisodeSession | PooledSession) -> bool:
+        """Start the row's task on ``session``: whether its first turn opened (opened, then)."""
         episode = self.result.episode
         started = await self._env("reset", session.reset(episode.split, episode.index))
         self.result.env_server = session.url
         if started.done:
-            return self._finish(started)
+            self._finish(started)
+            return False
         served = (started.task or {}).get("id")
         if served != episode.task_id:
-            return self.fail(
+            self.fail(
                 FlagKind.TASK_MISMATCH,
                 f"task #{episode.index} of split {episode.split!r} is {served!r} on {session.url}, but the "
                 f"row is for {episode.task_id!r}: prepare the rows again from the server as it is now",
             )
+            return False
         self._open_turn(started.metadata)
-        while True:
-            ended = await self._play_turn(session)
-            if ended is None:
-                return None
-            if ended.done:
-                return self._finish(ended)
-            if len(self.result.turns) >= self._limits.max_turns:
-                return self.fail(
-                    FlagKind.TURN_LIMIT,
-                    f"the env opened turn {len(self.result.turns) + 1}, past max_turns={self._limits.max_turns}; "
-                    "the episode was abandoned unscored",
-                )
-            opened = ended.body.get("result")
-            if not isinstance(opened, dict) or not isinstance(opened.get("prompt"), str):
-                return self.fail(
-                    FlagKind.PROTOCOL_ERROR,
-                    f"end_turn neither ended the episode nor opened a turn: {_clipped(json.dumps(ended.body))}",
-                )
-            self._open_turn(opened)
+        return True
+
+    def _next_turn(self, ended: Observation | None) -> bool:
+        """Whether the turn that ``ended`` (None: the episode stopped during it) opened another (opened, then)."""
+        if ended is None:
+            return False
+        if ended.done:
+            self._finish(ended)
+            return False
+        if len(self.result.turns) >= self._limits.max_turns:
+            self.fail(
+                FlagKind.TURN_LIMIT,
+                f"the env opened turn {len(self.result.turns) + 1}, past max_turns={self._limits.max_turns}; "
+                "the episode was abandoned unscored",
+            )
+            return False
+        opened = ended.body.get("result")
+        if not isinstance(opened, dict) or not isinstance(opened.get("prompt"), str):
+            self.fail(
+                FlagKind.PROTOCOL_ERROR,
+                f"end_turn neither ended the episode nor opened a turn: {_clipped(json.dumps(ended.body))}",
+            )
+            return False
+        self._open_turn(opened)
+        return True
 
     def _open_turn(self, prompts: Mapping[str, Any]) -> None:
         """Add the turn's prompt as a user message, after its system prompt when it brings a new one."""
@@ -355,11 +377,9 @@ class _Game:
         """What ``end_turn`` answered, or None when the episode stopped during the turn (flagged)."""
         counts = self.result.turns[-1]
         calls = 0
-        listed = await self._env("list_tools", session.list_tools())
-        if listed.done:
-            self._finish(listed)
+        tools = await self._tools_of_turn(session)
+        if tools is None:
             return None
-        tools = b'],"tools":' + json.dumps([tool.as_openai() for tool in listed.tools]).encode() + b"}"
         while True:
             reply = await self._ask(tools)
             if reply is None:
@@ -409,14 +429,32 @@ class _Game:
                     self._answer(call, f"error: {arguments}")
                     continue
                 with self._trace.span("tool_call", {"turn": len(self.result.turns), "tool": name}) as end:
-                    answered = await self._env(None, session.call_tool(name, arguments))
-                    if answered.done:
-                        self._finish(answered)
+                    answered = await self._call_tool(session, name, arguments)
+                    if answered is None:
                         return None
-                    text, failed = _tool_answer(answered)
+                    text, failed = answered
                     end["error"] = failed
                 counts.tool_errors += failed
                 self._answer(call, text)
+
+    async def _tools_of_turn(self, session: EpisodeSession | PooledSession) -> bytes | None:
+        """The turn's tools, encoded as the end of a chat body, or None when the env ended the episode instead."""
+        listed = await self._env("list_tools", session.list_tools())
+        if listed.done:
+            self._finish(listed)
+            return None
+        return b'],"tools":' + encoded([tool.as_openai() for tool in listed.tools]) + b"}"
+
+    async def _call_tool(
+        self, session: EpisodeSession | PooledSession, name: str, arguments: dict[str, Any]
+    ) -> tuple[str, bool] | None:
+        """The text the tool call answers the model with and whether it failed, or None when the env ended the
+        episode instead."""
+        answered = await self._env(None, session.call_tool(name, arguments))
+        if answered.done:
+            self._finish(answered)
+            return None
+        return _tool_answer(answered)
 
     async def _end_turn(self, session: EpisodeSession | PooledSession, response: str) -> Observation:
         with self._trace.span(END_TURN, {"turn": len(self.result.turns)}) as end:
@@ -500,7 +538,7 @@ class _Game:
 
     def _say(self, message: dict[str, Any]) -> None:
         self.result.transcript.append(message)
-        self._said.append(json.dumps(message).encode())
+        self._said.append(encoded(message))
 
     def _answer(self, call: dict[str, Any], content: str) -> None:
         self._say({"role": "tool", "tool_call_id": call["id"], "content": content})

@@ -30,8 +30,8 @@ import aiohttp
 from tqdm import tqdm
 
 from chat_core._cli import positive_int
-from chat_core._json import parse_json
 from chat_core._net import client
+from chat_core._wire import parse_json
 from chat_core.episode import _RESERVED_BODY_KEYS, ChatEndpoint, Limits, play
 from chat_core.metrics import episode_metrics
 from chat_core.outcome import OUTCOME_KEY, EpisodeOutcome

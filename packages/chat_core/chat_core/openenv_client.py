@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import random
 import time
@@ -19,8 +20,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from chat_core._json import parse_json, wire_text
 from chat_core._net import client, park, unpark
+from chat_core._wire import encoded, parse_json, wire_text
 from chat_core.errors import (
     CapacityExhausted,
     EnvCallTimeout,
@@ -38,6 +39,7 @@ _HTTP_TIMEOUT_S = 60.0
 _WS_TIMEOUT = aiohttp.ClientWSTimeout(ws_receive=None, ws_close=2.0)
 _DROPPED = frozenset({aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED})
 _CLOSED = aiohttp.WSMessage(aiohttp.WSMsgType.CLOSED, None, None)
+_TIMER_CONTEXT = contextvars.Context()
 
 
 @dataclass(frozen=True)
@@ -247,7 +249,7 @@ class EpisodeSession:
         if self._started or self._closed:
             raise RuntimeError("this session has already played an episode; open a new EpisodeSession for another")
         self._started = True
-        message = json.dumps({"type": "reset", "data": {"split": split, "index": index}})
+        message = encoded({"type": "reset", "data": {"split": split, "index": index}}).decode()
         began = time.monotonic()
         delay = self._capacity_wait.first_delay_s
         refused = False
@@ -331,7 +333,7 @@ class EpisodeSession:
         self._ended = False
         with contextlib.suppress(aiohttp.ClientConnectionError, ConnectionError):
             await self._connection.send(message)
-        return _frame_of(await self._connection.next_message(), "reset")
+        return _frame_of(await self._connection.next_message(None), "reset")
 
     async def _exchange(self, message: dict[str, Any], what: str) -> Observation:
         """Send ``message`` and read the server's answer to it as an observation."""
@@ -340,12 +342,11 @@ class EpisodeSession:
             raise RuntimeError(f"{what} needs an open episode: call reset first, and not after close")
         self._ended = False
         try:
-            async with asyncio.timeout(self._call_deadline_s):
-                try:
-                    await connection.send(json.dumps(message))
-                except (aiohttp.ClientConnectionError, ConnectionError) as e:
-                    raise SessionDropped(f"the session closed before {what} could be sent: {_described(e)}") from None
-                answer = await connection.next_message()
+            await connection.send(encoded(message).decode())
+        except (aiohttp.ClientConnectionError, ConnectionError) as e:
+            raise SessionDropped(f"the session closed before {what} could be sent: {_described(e)}") from None
+        try:
+            answer = await connection.next_message(self._call_deadline_s)
         except TimeoutError:
             raise self._timed_out(what) from None
         return self._observation(_frame_of(answer, what), what)
@@ -384,7 +385,12 @@ class _Connection:
     """A session's WebSocket connection, always reading. aiohttp answers the server's pings only inside
     ``receive``, and a server closes a session whose pongs are late (uvicorn after 20 s by default), so a reader
     task receives every message as it arrives, while the episode waits on the model and while the connection is
-    parked, and hands each to the call waiting for it; one that arrives unasked waits for the next call."""
+    parked, and hands each to the call waiting for it; one that arrives unasked waits for the next call.
+
+    A wait's deadline is a timer that fails the waiting future, run in a context of its own. An ``asyncio.timeout``
+    per call was a Timeout, a timer, a bound method and a copy of the caller's context, each outliving the wait,
+    and at a thousand episodes in flight whatever outlives a wait reaches the garbage collector's oldest generation,
+    whose collections go through all of it."""
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse):
         self._ws = ws
@@ -395,14 +401,22 @@ class _Connection:
     async def send(self, text: str) -> None:
         await self._ws.send_str(text)
 
-    async def next_message(self) -> aiohttp.WSMessage:
-        """The next message the server sent, waiting for it if it hasn't come yet."""
+    async def next_message(self, deadline_s: float | None) -> aiohttp.WSMessage:
+        """The next message the server sent, waiting for it if it hasn't come yet; TimeoutError when none comes
+        within ``deadline_s`` (None: no limit)."""
         if self._arrived:
             return self._arrived.popleft()
         if self._reader.done():
             return _CLOSED
-        self._waiter = asyncio.get_running_loop().create_future()
-        return await self._waiter
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        if deadline_s is None:
+            return await waiter
+        timer = loop.call_later(deadline_s, _time_out, waiter, context=_TIMER_CONTEXT)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
 
     async def close(self) -> None:
         """Stop reading and close the connection; it is dropped even when the closing handshake can't finish."""
@@ -433,6 +447,11 @@ class ProbeSession(EpisodeSession):
         if self._connection is None or self._closed:
             return await super().reset(split, index)
         return await self._exchange({"type": "reset", "data": {"split": split, "index": index}}, "reset")
+
+
+def _time_out(waiter: asyncio.Future[aiohttp.WSMessage]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
 
 
 def _frame_of(message: aiohttp.WSMessage, what: str) -> dict[str, Any]:

@@ -44,6 +44,7 @@ _WHEELS = ("chat_core", "miles_helper", "slime_helper")
 _CHAT_CORE_REQUIREMENTS = [
     "aiohttp>=3.11",
     'miles-helper==0.1.0; extra == "miles"',
+    "orjson>=3.9",
     'slime-helper==0.1.0; extra == "slime"',
     "tqdm>=4.66",
 ]
