@@ -303,7 +303,7 @@ class _Game:
         self.result = EpisodeResult(episode=episode)
         self._chat = chat
         self._headers = {"Content-Type": "application/json", **chat.headers}
-        self._body_head = json.dumps({**sampling, "model": chat.model})[:-1].encode() + b',"messages":['
+        self._body_head = encoded({**sampling, "model": chat.model})[:-1] + b',"messages":['
         self._said: list[bytes] = []
         self._limits = limits
         self._trace = trace
@@ -322,7 +322,8 @@ class _Game:
             playing = self._next_turn(await self._play_turn(session))
 
     async def _first_turn(self, session: EpisodeSession | PooledSession) -> bool:
-        """Start the row's task on ``session``: whether its first turn opened (opened, then)."""
+        """Start the row's task on ``session`` and open its first turn; False when the episode ended instead (scored
+        or flagged)."""
         episode = self.result.episode
         started = await self._env("reset", session.reset(episode.split, episode.index))
         self.result.env_server = session.url
@@ -341,7 +342,8 @@ class _Game:
         return True
 
     def _next_turn(self, ended: Observation | None) -> bool:
-        """Whether the turn that ``ended`` (None: the episode stopped during it) opened another (opened, then)."""
+        """Open the turn that ``ended`` (None: the episode stopped during it) handed over to; False when the episode
+        ended instead (scored or flagged)."""
         if ended is None:
             return False
         if ended.done:

@@ -249,7 +249,7 @@ class EpisodeSession:
         if self._started or self._closed:
             raise RuntimeError("this session has already played an episode; open a new EpisodeSession for another")
         self._started = True
-        message = encoded({"type": "reset", "data": {"split": split, "index": index}}).decode()
+        message = {"type": "reset", "data": {"split": split, "index": index}}
         began = time.monotonic()
         delay = self._capacity_wait.first_delay_s
         refused = False
@@ -302,7 +302,7 @@ class EpisodeSession:
             return
         await self._drop_connection()
 
-    async def _start(self, message: str) -> dict[str, Any]:
+    async def _start(self, message: dict[str, Any]) -> dict[str, Any]:
         """The first answer to the reset ``message``, on a parked session when one answers it, else on a new one. A
         parked session can have been closed by the server while it waited; it is dropped for the next."""
         while (connection := unpark(self.url)) is not None:
@@ -326,7 +326,7 @@ class EpisodeSession:
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             raise ServerUnreachable(f"can't open a session at {self._ws_url}: {_described(e)}") from None
 
-    async def _first_answer(self, message: str) -> dict[str, Any]:
+    async def _first_answer(self, message: dict[str, Any]) -> dict[str, Any]:
         """The server's first frame: a full server sends its refusal as soon as the connection opens, possibly
         before the reset is even sent, and then closes."""
         assert self._connection is not None
@@ -342,7 +342,7 @@ class EpisodeSession:
             raise RuntimeError(f"{what} needs an open episode: call reset first, and not after close")
         self._ended = False
         try:
-            await connection.send(encoded(message).decode())
+            await connection.send(message)
         except (aiohttp.ClientConnectionError, ConnectionError) as e:
             raise SessionDropped(f"the session closed before {what} could be sent: {_described(e)}") from None
         try:
@@ -398,8 +398,8 @@ class _Connection:
         self._waiter: asyncio.Future[aiohttp.WSMessage] | None = None
         self._reader = asyncio.ensure_future(self._read())
 
-    async def send(self, text: str) -> None:
-        await self._ws.send_str(text)
+    async def send(self, message: dict[str, Any]) -> None:
+        await self._ws.send_str(encoded(message).decode())
 
     async def next_message(self, deadline_s: float | None) -> aiohttp.WSMessage:
         """The next message the server sent, waiting for it if it hasn't come yet; TimeoutError when none comes
