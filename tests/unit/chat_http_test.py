@@ -6,11 +6,13 @@ through the client against the scripted model and slime's adapter."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import ssl
-import subprocess
-from collections.abc import Awaitable, Callable
+import warnings
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import chat_core._http
 import chat_core._net
@@ -18,7 +20,9 @@ import pytest
 from chat_core._http import ChatHttpError, ChatRoute, ConnectionRefused
 from test_support.waits import free_port
 
+T = TypeVar("T")
 BOUND_S = 10.0
+CERTIFICATE = Path(__file__).with_name("tls") / "localhost.pem"
 COMPLETION = b'{"choices": [{"message": {"role": "assistant", "content": "hi"}}]}'
 
 
@@ -32,6 +36,35 @@ class Endpoint:
 
 
 Answering = Callable[[Endpoint, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+_opened: list[asyncio.Server | asyncio.StreamWriter] = []
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_unclosed() -> Iterator[None]:
+    """Each test leaves no socket or transport for the garbage collector to find unclosed."""
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always", ResourceWarning)
+        yield
+        gc.collect()
+    assert [str(each.message) for each in warned if issubclass(each.category, ResourceWarning)] == []
+
+
+def played(work: Awaitable[T]) -> T:
+    """What ``work`` gives, run in an event loop of its own within ``BOUND_S``, every endpoint and proxy it started
+    closed before the loop ends."""
+
+    async def bounded() -> T:
+        try:
+            async with asyncio.timeout(BOUND_S):
+                return await work
+        finally:
+            while _opened:
+                opened = _opened.pop()
+                opened.close()
+                if isinstance(opened, asyncio.Server):
+                    await opened.wait_closed()
+
+    return asyncio.run(bounded())
 
 
 async def read_request(reader: asyncio.StreamReader) -> tuple[str, bytes] | None:
@@ -55,13 +88,14 @@ def endpoint(answering: Answering, tls: ssl.SSLContext | None = None) -> Callabl
         served = Endpoint(f"{scheme}://localhost:{port}/v1/chat/completions")
 
         async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            _opened.append(writer)
             served.connections += 1
             try:
                 await answering(served, reader, writer)
             finally:
                 writer.close()
 
-        await asyncio.start_server(connected, "127.0.0.1", port, ssl=tls)
+        _opened.append(await asyncio.start_server(connected, "127.0.0.1", port, ssl=tls))
         return served
 
     return started
@@ -96,13 +130,12 @@ def posted(
         served = await start()
         route = ChatRoute(served.url, headers or {"Content-Type": "application/json"})
         answers = []
-        async with asyncio.timeout(BOUND_S):
-            for _ in range(times):
-                answers.append(await route.post(b'{"messages": []}'))
-                await asyncio.sleep(pause_s)
+        for _ in range(times):
+            answers.append(await route.post(b'{"messages": []}'))
+            await asyncio.sleep(pause_s)
         return served, answers
 
-    return asyncio.run(run())
+    return played(run())
 
 
 def length_framed(body: bytes, *extra: str) -> bytes:
@@ -251,7 +284,7 @@ def test_a_request_cancelled_midway_closes_its_connection() -> None:
                 await route.post(b"{}")
         return served, (await route.post(b"{}")).body
 
-    served, body = asyncio.run(asyncio.wait_for(run(), BOUND_S))
+    served, body = played(run())
 
     assert body == COMPLETION
     assert served.connections == 2
@@ -277,29 +310,13 @@ def test_a_header_with_a_line_break_is_refused_up_front() -> None:
         ChatRoute("http://host/v1/chat/completions", {"Authorization": "Bearer x\r\nX-Injected: 1"})
 
 
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for ``localhost`` and its key, made by the openssl command."""
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        [
-            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost"),
-            *("-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
-
-
 @pytest.fixture
-def tls_server(certificate: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> ssl.SSLContext:
-    """The TLS context of an endpoint the client trusts: ``SSL_CERT_FILE`` names its certificate."""
-    cert, key = certificate
+def tls_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ssl.SSLContext]:
+    """The TLS context of an endpoint the client trusts: ``SSL_CERT_FILE`` names its certificate, a self-signed one
+    for ``localhost`` kept beside this file (``openssl req -x509 -days 36500``)."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
-    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    context.load_cert_chain(CERTIFICATE, CERTIFICATE.with_suffix(".key"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(CERTIFICATE))
     chat_core._http._tls_context.cache_clear()
     yield context
     chat_core._http._tls_context.cache_clear()
@@ -343,24 +360,27 @@ async def started_proxy() -> Proxy:
         writer.close()
 
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _opened.append(writer)
         head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
         proxy.asked.append(head)
         method, target, _ = head.split("\r\n")[0].split(" ")
         if method == "CONNECT":
             to_reader, to_writer = await asyncio.open_connection("127.0.0.1", int(target.rsplit(":", 1)[1]))
+            _opened.append(to_writer)
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:
             authority, path = target.removeprefix("http://").split("/", 1)
             to_reader, to_writer = await asyncio.open_connection("127.0.0.1", int(authority.rsplit(":", 1)[1]))
+            _opened.append(to_writer)
             to_writer.write(head.replace(target, "/" + path, 1).encode("latin-1"))
         await asyncio.gather(relay(reader, to_writer), relay(to_reader, writer))
 
-    await asyncio.start_server(connected, "127.0.0.1", proxy.port)
+    _opened.append(await asyncio.start_server(connected, "127.0.0.1", proxy.port))
     return proxy
 
 
 @pytest.fixture
-def proxied(monkeypatch: pytest.MonkeyPatch) -> Callable[[Proxy], None]:
+def proxied(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Proxy], None]]:
     """Opt in to the environment's proxy and name ``proxy`` for http and https, with credentials."""
 
     def named(proxy: Proxy) -> None:
@@ -389,7 +409,7 @@ def test_with_the_proxy_opted_in_requests_go_through_it_with_its_credentials(
         route = ChatRoute(served.url, {})
         return proxy, served, [(await route.post(b"{}")).body for _ in range(2)]
 
-    proxy, served, bodies = asyncio.run(asyncio.wait_for(run(), BOUND_S))
+    proxy, served, bodies = played(run())
 
     assert bodies == [COMPLETION] * 2
     assert len(proxy.asked) == 1 and served.connections == 1
@@ -416,7 +436,7 @@ def test_without_opting_in_or_for_a_host_no_proxy_names_requests_go_direct(
         return proxy, served
 
     for opt_in in (False, True):
-        proxy, served = asyncio.run(asyncio.wait_for(run(opt_in), BOUND_S))
+        proxy, served = played(run(opt_in))
         assert proxy.asked == [] and served.connections == 1
 
 
