@@ -1,10 +1,11 @@
 """How chat_core's connections are set up: once per event loop, not per episode or per connection.
 
-Every request an event loop makes, to a chat endpoint or to an env server, goes through one aiohttp client (a
-session with an unbounded connection pool), made by the loop's first request and closed when the loop shuts down its
-async generators (``asyncio.run`` does). A client per episode cost more CPU than the rest of the episode's requests;
-one httpx client shared by many episodes went quadratic in its pool (httpcore's request assignment scans every idle
-connection per request).
+Every request an event loop makes to an env server goes through one aiohttp client (a session with an unbounded
+connection pool), and every chat request through ``chat_core._http``, whose idle connections the loop keeps here by
+endpoint. Both are made by the loop's first request and closed when the loop shuts down its async generators
+(``asyncio.run`` does). A client per episode cost more CPU than the rest of the episode's requests; one httpx client
+shared by many episodes went quadratic in its pool (httpcore's request assignment scans every idle connection per
+request).
 
 An env server's WebSocket session outlives the episode it played when the server ended that episode cleanly: the
 connection is parked, and the next episode on that server starts on it, since a reset on an open session starts a
@@ -13,8 +14,9 @@ env calls. A parked connection still takes one of the server's sessions, so it i
 ``IDLE_S``, and when the loop ends.
 
 Connections go direct unless ``CHAT_CORE_PROXY_FROM_ENV=1``: then the client takes its proxy from ``HTTP_PROXY``,
-``HTTPS_PROXY``, ``ALL_PROXY`` and ``NO_PROXY`` as aiohttp does by default. Looking the proxy up scans the whole
-environment on every connection, which was 30% of a WebSocket connect here, so it is opt-in."""
+``HTTPS_PROXY``, ``ALL_PROXY`` and ``NO_PROXY`` as aiohttp does by default, and chat requests from the same
+variables, read once. aiohttp's lookup scans the whole environment on every connection, which was 30% of a WebSocket
+connect here, so it is opt-in."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import functools
 import os
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -45,12 +47,13 @@ class Parkable(Protocol):
 
 @dataclass
 class _LoopNet:
-    """An event loop's client, and its parked WebSocket connections by server URL, each with the timer that closes
-    it, most recently parked last."""
+    """An event loop's client, its parked WebSocket connections by server URL, each with the timer that closes it,
+    most recently parked last, and its idle chat connections by endpoint (scheme, host, port)."""
 
     holder: AsyncGenerator[aiohttp.ClientSession, None]
     client: aiohttp.ClientSession
     parked: dict[str, list[tuple[Parkable, asyncio.TimerHandle]]] = field(default_factory=dict)
+    idle: dict[tuple[str, str, int], list[Any]] = field(default_factory=dict)
     closing: set[asyncio.Task[None]] = field(default_factory=set)
 
 
@@ -60,12 +63,22 @@ _loops: dict[asyncio.AbstractEventLoop, _LoopNet] = {}
 async def client() -> aiohttp.ClientSession:
     """The running event loop's client, made on its first call. It sets no timeout of its own: the caller bounds
     each request."""
+    return (await _net()).client
+
+
+async def idle_connections(endpoint: tuple[str, str, int]) -> list[Any]:
+    """The running event loop's idle chat connections to ``endpoint``, most recently used last: the list itself,
+    which the caller takes connections from and gives them back to."""
+    return (await _net()).idle.setdefault(endpoint, [])
+
+
+async def _net() -> _LoopNet:
     loop = asyncio.get_running_loop()
     net = _loops.get(loop)
     if net is None or net.client.closed:
         holder = _held_client(loop)
         net = _loops[loop] = _LoopNet(holder, await anext(holder))
-    return net.client
+    return net
 
 
 def park(url: str, connection: Parkable) -> None:
@@ -117,4 +130,7 @@ async def _held_client(loop: asyncio.AbstractEventLoop) -> AsyncGenerator[aiohtt
             parked = [connection for idle in net.parked.values() for connection, _ in idle]
             net.parked.clear()
             await asyncio.gather(*(each.close() for each in parked), *net.closing, return_exceptions=True)
+            for idle in net.idle.values():
+                for connection in idle:
+                    connection.close()
         await client.close()

@@ -27,9 +27,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-import aiohttp
-
-from chat_core._net import client
+from chat_core._http import ChatHttpError, ChatRoute, ConnectionRefused
 from chat_core._wire import encoded, parse_json, wire_text
 from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
 from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation, server_url
@@ -233,7 +231,8 @@ async def play(
     spans as they happen.
 
     Every failure of the env, the chat endpoint or the model is a flag on the result. Raises ValueError before
-    anything starts when ``metadata`` isn't a row's or ``sampling`` sets ``model``, ``messages`` or ``tools``, and
+    anything starts when ``metadata`` isn't a row's, ``sampling`` sets ``model``, ``messages`` or ``tools``, or the
+    chat endpoint's URL or headers can't be sent (see ``chat_core._http.ChatRoute``), and
     ServerMismatch when a server of the launch's pool serves another env or other tasks than the row's. When
     cancelled, closes the env session, so the server abandons the episode without running its verifiers, and
     re-raises."""
@@ -302,7 +301,7 @@ class _Game:
     ):
         self.result = EpisodeResult(episode=episode)
         self._chat = chat
-        self._headers = {"Content-Type": "application/json", **chat.headers}
+        self._route = ChatRoute(chat.url, {"Content-Type": "application/json", **chat.headers})
         self._body_head = encoded({**sampling, "model": chat.model})[:-1] + b',"messages":['
         self._said: list[bytes] = []
         self._limits = limits
@@ -481,7 +480,7 @@ class _Game:
                 f"was abandoned in turn {len(self.result.turns)}",
             )
             return None
-        except aiohttp.ClientError as e:
+        except ChatHttpError as e:
             self.fail(
                 FlagKind.SESSION_FAILED,
                 f"the chat request to {self._chat.url} failed: {_described(e)}{self._retried()}",
@@ -505,19 +504,17 @@ class _Game:
     async def _post(self, body: bytes, deadline: float) -> tuple[int, bytes]:
         """The chat endpoint's status and body for ``body``, sent again while ``_RETRY`` says a transient failure is
         worth waiting out before the monotonic ``deadline``; the last answer, or failure, once it isn't."""
-        http = await client()
         attempt = 0
         while True:
             try:
-                async with http.post(self._chat.url, data=body, headers=self._headers) as response:
-                    status, raw = response.status, await response.read()
-                    retry_after = response.headers.get("retry-after")
-            except aiohttp.ClientConnectorError:
+                answer = await self._route.post(body)
+            except ConnectionRefused:
                 if (wait := _RETRY.delay(attempt, None, None, deadline - time.monotonic())) is None:
                     raise
             else:
-                if (wait := _RETRY.delay(attempt, status, retry_after, deadline - time.monotonic())) is None:
-                    return status, raw
+                retry_after = answer.headers.get("retry-after")
+                if (wait := _RETRY.delay(attempt, answer.status, retry_after, deadline - time.monotonic())) is None:
+                    return answer.status, answer.body
             attempt += 1
             self.result.model_retries += 1
             await asyncio.sleep(wait)

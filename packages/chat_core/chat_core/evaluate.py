@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import aiohttp
 from tqdm import tqdm
 
 from chat_core._cli import positive_int
-from chat_core._net import client
-from chat_core._wire import parse_json
+from chat_core._http import ChatHttpError, ChatRoute
+from chat_core._wire import encoded, parse_json, wire_text
 from chat_core.episode import _RESERVED_BODY_KEYS, ChatEndpoint, Limits, play
 from chat_core.metrics import episode_metrics
 from chat_core.outcome import OUTCOME_KEY, EpisodeOutcome
@@ -141,24 +140,29 @@ async def preflight(chat: ChatEndpoint, sampling: Mapping[str, Any]) -> None:
     when the endpoint can't be reached or answers with an error."""
     limit = "max_completion_tokens" if "max_completion_tokens" in sampling else "max_tokens"
     body = {**sampling, "model": chat.model, "messages": [{"role": "user", "content": "Say OK."}], limit: 1}
+    try:
+        route = ChatRoute(chat.url, {"Content-Type": "application/json", **chat.headers})
+    except ValueError as e:
+        raise EvaluateError(str(e)) from None
     began = time.monotonic()
     attempt = 0
-    http = await client()
     while True:
         left = _PREFLIGHT_S - (time.monotonic() - began)
         try:
             async with asyncio.timeout(max(left, 1.0)):
-                async with http.post(chat.url, json=body, headers=chat.headers) as response:
-                    status, text = response.status, await response.text(errors="replace")
-                    retry_after = response.headers.get("retry-after")
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise EvaluateError(f"the model endpoint {chat.url} can't be reached: {type(e).__name__}: {e}") from None
-        if status < 400:
+                answer = await route.post(encoded(body))
+        except TimeoutError:
+            raise EvaluateError(
+                f"the model endpoint {chat.url} didn't answer the pre-flight request within {max(left, 1.0):.0f} s"
+            ) from None
+        except ChatHttpError as e:
+            raise EvaluateError(f"the model endpoint {chat.url} can't be reached: {e}") from None
+        if answer.status < 400:
             return
-        if (wait := _RETRY.delay(attempt, status, retry_after, left)) is None:
+        if (wait := _RETRY.delay(attempt, answer.status, answer.headers.get("retry-after"), left)) is None:
             raise EvaluateError(
                 f"the model endpoint {chat.url} answered the pre-flight request for model {chat.model!r} with "
-                f"HTTP {status}: {' '.join(text.split())[:500]}"
+                f"HTTP {answer.status}: {' '.join(wire_text(answer.body).split())[:500]}"
             )
         attempt += 1
         await asyncio.sleep(wait)
