@@ -3,9 +3,9 @@
 Every Task API request an event loop makes to an env server goes through one aiohttp client (a session with an
 unbounded connection pool), every chat request through ``chat_core._http``, whose idle connections the loop keeps
 here by endpoint, and every env session through ``chat_core._websocket``. The client and the idle connections are
-made by the loop's first request and closed when the loop shuts down its async generators (``asyncio.run`` does). A client per episode cost more CPU than the rest of the episode's requests; one httpx client
-shared by many episodes went quadratic in its pool (httpcore's request assignment scans every idle connection per
-request).
+made by the loop's first request and closed when the loop shuts down its async generators (``asyncio.run`` does).
+A client per episode cost more CPU than the rest of the episode's requests; one httpx client shared by many
+episodes went quadratic in its pool (httpcore's request assignment scans every idle connection per request).
 
 An env server's WebSocket session outlives the episode it played when the server ended that episode cleanly: the
 connection is parked, and the next episode on that server starts on it, since a reset on an open session starts a
