@@ -13,9 +13,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import chat_core._http
+import chat_core._net
 import chat_core._websocket
 import pytest
 from chat_core._websocket import Closed, HandshakeRefused, open_session
+from test_support.proxy import started_proxy
 from test_support.waits import free_port
 
 T = TypeVar("T")
@@ -321,3 +324,38 @@ def test_waiting_past_the_deadline_raises_timeout_and_a_later_message_still_come
         return late
 
     assert played(run()) == b"late"
+
+
+def test_with_the_proxy_opted_in_a_session_is_tunnelled_through_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(chat_core._net.PROXY_FROM_ENV, "1")
+    for name in ("http_proxy", "all_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    port = free_port()
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{port}")
+    for cached in (chat_core._net.proxy_from_env, chat_core._http._environment_proxies):
+        cached.cache_clear()
+
+    async def echoes(peer: Peer) -> None:
+        opcode, payload = await peer.frame()
+        peer.send(opcode, payload)
+
+    async def run() -> tuple[list[str], bytes | Closed, str]:
+        proxy = await started_proxy(port)
+        try:
+            url, _ = await served(echoes)
+            session = await open_session(url)
+            session.send_text(b"through")
+            echoed = await session.next_message(BOUND_S)
+            await session.close()
+            return proxy.asked, echoed, url
+        finally:
+            await proxy.close()
+
+    try:
+        asked, echoed, url = played(run())
+    finally:
+        chat_core._net.proxy_from_env.cache_clear()
+        chat_core._http._environment_proxies.cache_clear()
+
+    assert echoed == b"through"
+    assert [head.split("\r\n")[0] for head in asked] == [f"CONNECT {url.split('/')[2]} HTTP/1.1"]
