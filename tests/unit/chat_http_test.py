@@ -18,6 +18,7 @@ import chat_core._http
 import chat_core._net
 import pytest
 from chat_core._http import ChatHttpError, ChatRoute, ConnectionRefused
+from test_support.proxy import Proxy, started_proxy
 from test_support.waits import free_port
 
 T = TypeVar("T")
@@ -36,7 +37,7 @@ class Endpoint:
 
 
 Answering = Callable[[Endpoint, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-_opened: list[asyncio.Server | asyncio.StreamWriter] = []
+_opened: list[asyncio.Server | asyncio.StreamWriter | Proxy] = []
 
 
 @pytest.fixture(autouse=True)
@@ -60,6 +61,9 @@ def played(work: Awaitable[T]) -> T:
         finally:
             while _opened:
                 opened = _opened.pop()
+                if isinstance(opened, Proxy):
+                    await opened.close()
+                    continue
                 opened.close()
                 if isinstance(opened, asyncio.Server):
                     await opened.wait_closed()
@@ -340,42 +344,10 @@ def test_an_https_endpoint_whose_certificate_isnt_trusted_is_a_chat_error(
     assert not isinstance(raised.value, ConnectionRefused)
 
 
-@dataclass
-class Proxy:
-    """A proxy relaying to the endpoints: the heads of what it was asked, each as it came."""
-
-    port: int
-    asked: list[str] = field(default_factory=list)
-
-
-async def started_proxy() -> Proxy:
-    """An HTTP proxy in the running loop: absolute-form requests are passed on in origin form, ``CONNECT`` opens a
-    tunnel."""
-    proxy = Proxy(free_port())
-
-    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while not reader.at_eof() and (data := await reader.read(65536)):
-            writer.write(data)
-            await writer.drain()
-        writer.close()
-
-    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        _opened.append(writer)
-        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-        proxy.asked.append(head)
-        method, target, _ = head.split("\r\n")[0].split(" ")
-        if method == "CONNECT":
-            to_reader, to_writer = await asyncio.open_connection("127.0.0.1", int(target.rsplit(":", 1)[1]))
-            _opened.append(to_writer)
-            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        else:
-            authority, path = target.removeprefix("http://").split("/", 1)
-            to_reader, to_writer = await asyncio.open_connection("127.0.0.1", int(authority.rsplit(":", 1)[1]))
-            _opened.append(to_writer)
-            to_writer.write(head.replace(target, "/" + path, 1).encode("latin-1"))
-        await asyncio.gather(relay(reader, to_writer), relay(to_reader, writer))
-
-    _opened.append(await asyncio.start_server(connected, "127.0.0.1", proxy.port))
+async def opened_proxy() -> Proxy:
+    """A proxy (``test_support.proxy``) closed with the test's loop."""
+    proxy = await started_proxy(free_port())
+    _opened.append(proxy)
     return proxy
 
 
@@ -403,7 +375,7 @@ def test_with_the_proxy_opted_in_requests_go_through_it_with_its_credentials(
     proxied: Callable[[Proxy], None], tls_server: ssl.SSLContext, tls: bool
 ) -> None:
     async def run() -> tuple[Proxy, Endpoint, list[bytes]]:
-        proxy = await started_proxy()
+        proxy = await opened_proxy()
         proxied(proxy)
         served = await endpoint(answering_with(length_framed(COMPLETION)), tls=tls_server if tls else None)()
         route = ChatRoute(served.url, {})
@@ -423,7 +395,7 @@ def test_without_opting_in_or_for_a_host_no_proxy_names_requests_go_direct(
     proxied: Callable[[Proxy], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def run(opt_in: bool) -> tuple[Proxy, Endpoint]:
-        proxy = await started_proxy()
+        proxy = await opened_proxy()
         proxied(proxy)
         if opt_in:
             monkeypatch.setenv("NO_PROXY", "localhost")

@@ -21,13 +21,15 @@ import base64
 import functools
 import ssl
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
 from chat_core._net import idle_connections, proxy_from_env
 
 _MAX_HEAD_BYTES = 64 * 1024
+C = TypeVar("C", bound="Connection")
 _ASKED = {"Accept": "application/json", "Accept-Encoding": "identity", "User-Agent": "chat_core"}
 
 
@@ -62,15 +64,12 @@ class ChatRoute:
         if "@" in parts.netloc:
             raise ValueError(f"the chat URL {url!r} holds credentials; send them in a header instead")
         self.url = url
-        self._host = parts.hostname
-        self._port = parts.port or (443 if parts.scheme == "https" else 80)
-        self._tls = parts.scheme == "https"
-        self._proxy = _proxy_of(parts.scheme, self._host) if proxy_from_env() else None
-        self._origin = (parts.scheme, self._host, self._port)
+        self._origin = (parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+        self._proxy = proxy_of(parts.scheme, parts.hostname) if proxy_from_env() else None
         authority = parts.netloc
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         sent = {**_ASKED, **headers}
-        if self._proxy is not None and not self._tls:
+        if self._proxy is not None and parts.scheme == "http":
             target = parts._replace(fragment="").geturl()
             sent.update(self._proxy.authorization)
         lines = [f"POST {target} HTTP/1.1", f"Host: {authority}"]
@@ -94,45 +93,56 @@ class ChatRoute:
                     break
         return await self._exchanged(await self._connect(), request, idle)
 
-    async def _exchanged(self, connection: _Connection, request: bytes, idle: list[_Connection]) -> Answer:
+    async def _exchanged(self, connection: Connection, request: bytes, idle: list[Connection]) -> Answer:
         answer = await connection.exchange(request)
         if connection.open:
             idle.append(connection)
         return answer
 
-    async def _connect(self) -> _Connection:
-        loop = asyncio.get_running_loop()
-        where = self._proxy.address if self._proxy is not None else (self._host, self._port)
-        tls = _tls_context() if self._tls and self._proxy is None else None
-        try:
-            _, connection = await loop.create_connection(
-                _Connection, *where, ssl=tls, server_hostname=self._host if tls else None
-            )
-        except ConnectionError as e:
-            raise ConnectionRefused(f"{where[0]}:{where[1]} refused the connection ({e})") from None
-        except OSError as e:
-            raise ChatHttpError(f"can't connect to {where[0]}:{where[1]} ({_described(e)})") from None
-        if self._proxy is not None and self._tls:
-            await self._tunnel(connection)
-        return connection
+    async def _connect(self) -> Connection:
+        return await connect(Connection, self._origin, self._proxy)
 
-    async def _tunnel(self, connection: _Connection) -> None:
-        """Ask the proxy on ``connection`` for a tunnel to the endpoint, and start TLS through it."""
-        authority = f"{self._host}:{self._port}"
-        lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}"]
-        lines += [f"{name}: {value}" for name, value in self._proxy.authorization.items()]
-        try:
-            answer = await connection.exchange(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), tunnel=True)
-            if answer.status != 200:
-                raise ChatHttpError(
-                    f"the proxy {self._proxy.url} answered CONNECT {authority} with HTTP {answer.status}"
-                )
+
+async def connect(
+    make: Callable[[], C], origin: tuple[str, str, int], proxy: Proxy | None, *, tunnel: bool = False
+) -> C:
+    """A new connection (``make``'s protocol) to ``origin`` (scheme, host, port; https and wss over TLS), through
+    ``proxy`` when one is named: a tunnel through it (``CONNECT``) for a TLS origin or when ``tunnel`` asks, else a
+    connection to the proxy itself. Raises ConnectionRefused when the connection was refused, ChatHttpError when it
+    can't be made otherwise."""
+    scheme, host, port = origin
+    secure = scheme in ("https", "wss")
+    where = proxy.address if proxy is not None else (host, port)
+    tls = _tls_context() if secure and proxy is None else None
+    try:
+        _, connection = await asyncio.get_running_loop().create_connection(
+            make, *where, ssl=tls, server_hostname=host if tls else None
+        )
+    except ConnectionError as e:
+        raise ConnectionRefused(f"{where[0]}:{where[1]} refused the connection ({e})") from None
+    except OSError as e:
+        raise ChatHttpError(f"can't connect to {where[0]}:{where[1]} ({_described(e)})") from None
+    if proxy is not None and (secure or tunnel):
+        await _tunnel(connection, host, port, proxy, secure)
+    return connection
+
+
+async def _tunnel(connection: Connection, host: str, port: int, proxy: Proxy, secure: bool) -> None:
+    """Ask ``proxy`` on ``connection`` for a tunnel to ``host:port``, and start TLS through it when ``secure``."""
+    authority = f"{host}:{port}"
+    lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}"]
+    lines += [f"{name}: {value}" for name, value in proxy.authorization.items()]
+    try:
+        answer = await connection.exchange(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), head_only=True)
+        if answer.status != 200:
+            raise ChatHttpError(f"the proxy {proxy.url} answered CONNECT {authority} with HTTP {answer.status}")
+        if secure:
             connection.transport = await asyncio.get_running_loop().start_tls(
-                connection.transport, connection, _tls_context(), server_hostname=self._host
+                connection.transport, connection, _tls_context(), server_hostname=host
             )
-        except BaseException:
-            connection.close()
-            raise
+    except BaseException:
+        connection.drop()
+        raise
 
 
 class _Stale(ChatHttpError):
@@ -152,9 +162,10 @@ class _Head:
     keep_alive: bool
 
 
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
     """One connection to an endpoint (or its proxy), carrying one request at a time. The answer is read in
-    ``data_received`` as its bytes arrive, and hands the waiting request its ``Answer`` once whole."""
+    ``data_received`` as its bytes arrive, and hands the waiting request its ``Answer`` once whole. A subclass takes
+    the connection over once an answer of only a head (``head_only``) has come, by overriding ``answered``."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -162,24 +173,25 @@ class _Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._waiter: asyncio.Future[Answer] | None = None
         self._head: _Head | None = None
-        self._tunnel = False
+        self._head_only = False
 
-    async def exchange(self, request: bytes, *, tunnel: bool = False) -> Answer:
+    async def exchange(self, request: bytes, *, head_only: bool = False) -> Answer:
         """The answer to ``request``, written on this connection. Raises _Stale when the connection closed before
         any answer came, and ChatHttpError when the answer was cut or isn't HTTP/1.1; closes the connection when
         the answer doesn't come whole, the wait for it cancelled included."""
         self._waiter = asyncio.get_running_loop().create_future()
-        self._tunnel = tunnel
+        self._head_only = head_only
         self.transport.write(request)
         try:
             return await self._waiter
         except BaseException:
-            self.close()
+            self.drop()
             raise
         finally:
             self._waiter = None
 
-    def close(self) -> None:
+    def drop(self) -> None:
+        """Close the connection now, whatever it was doing."""
         self.open = False
         if self.transport is not None:
             self.transport.close()
@@ -190,7 +202,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._buffer += data
         if self._waiter is None:
-            self.close()
+            self.drop()
             return
         try:
             self._read(ended=False)
@@ -218,7 +230,7 @@ class _Connection(asyncio.Protocol):
                 self._fail(ChatHttpError(f"the endpoint closed the connection midway through its answer{why}"))
 
     def _fail(self, error: ChatHttpError) -> None:
-        self.close()
+        self.drop()
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_exception(error)
 
@@ -233,10 +245,10 @@ class _Connection(asyncio.Protocol):
                 return
             head = _head_of(bytes(buffer[:end]))
             del buffer[: end + 4]
-            if not 100 <= head.status < 200:
+            if not 100 <= head.status < 200 or head.status == 101:
                 self._head = head
         head = self._head
-        if self._tunnel or head.status in (204, 304):
+        if self._head_only or head.status in (204, 304):
             body = b""
         elif head.length is not None:
             if len(buffer) < head.length:
@@ -255,9 +267,13 @@ class _Connection(asyncio.Protocol):
         else:
             return
         self._head = None
-        if not head.keep_alive or buffer:
-            self.close()
-        self._waiter.set_result(Answer(head.status, head.headers, body))
+        if not self._head_only and (not head.keep_alive or buffer):
+            self.drop()
+        self.answered(Answer(head.status, head.headers, body))
+
+    def answered(self, answer: Answer) -> None:
+        """Hand ``answer`` to the request waiting for it."""
+        self._waiter.set_result(answer)
 
 
 def _head_of(raw: bytes) -> _Head:
@@ -314,7 +330,7 @@ def _dechunked(buffer: bytearray) -> tuple[bytes, int] | None:
 
 
 @dataclass(frozen=True)
-class _Proxy:
+class Proxy:
     """An http:// proxy: its URL, where it listens, and the header its credentials go in."""
 
     url: str
@@ -322,7 +338,7 @@ class _Proxy:
     authorization: dict[str, str]
 
 
-def _proxy_of(scheme: str, host: str) -> _Proxy | None:
+def proxy_of(scheme: str, host: str) -> Proxy | None:
     """The proxy the environment names for ``scheme`` URLs on ``host``; None when it names none or ``NO_PROXY``
     leaves ``host`` out."""
     proxies = _environment_proxies()
@@ -336,7 +352,7 @@ def _proxy_of(scheme: str, host: str) -> _Proxy | None:
     if parts.username is not None:
         credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
         authorization["Proxy-Authorization"] = "Basic " + base64.b64encode(credentials).decode()
-    return _Proxy(url, (parts.hostname, parts.port or 80), authorization)
+    return Proxy(url, (parts.hostname, parts.port or 80), authorization)
 
 
 @functools.cache

@@ -1,11 +1,11 @@
 """How chat_core's connections are set up: once per event loop, not per episode or per connection.
 
-Every request an event loop makes to an env server goes through one aiohttp client (a session with an unbounded
-connection pool), and every chat request through ``chat_core._http``, whose idle connections the loop keeps here by
-endpoint. Both are made by the loop's first request and closed when the loop shuts down its async generators
-(``asyncio.run`` does). A client per episode cost more CPU than the rest of the episode's requests; one httpx client
-shared by many episodes went quadratic in its pool (httpcore's request assignment scans every idle connection per
-request).
+Every Task API request an event loop makes to an env server goes through one aiohttp client (a session with an
+unbounded connection pool), every chat request through ``chat_core._http``, whose idle connections the loop keeps
+here by endpoint, and every env session through ``chat_core._websocket``. The client and the idle connections are
+made by the loop's first request and closed when the loop shuts down its async generators (``asyncio.run`` does).
+A client per episode cost more CPU than the rest of the episode's requests; one httpx client shared by many
+episodes went quadratic in its pool (httpcore's request assignment scans every idle connection per request).
 
 An env server's WebSocket session outlives the episode it played when the server ended that episode cleanly: the
 connection is parked, and the next episode on that server starts on it, since a reset on an open session starts a
@@ -14,9 +14,9 @@ env calls. A parked connection still takes one of the server's sessions, so it i
 ``IDLE_S``, and when the loop ends.
 
 Connections go direct unless ``CHAT_CORE_PROXY_FROM_ENV=1``: then the client takes its proxy from ``HTTP_PROXY``,
-``HTTPS_PROXY``, ``ALL_PROXY`` and ``NO_PROXY`` as aiohttp does by default, and chat requests from the same
-variables, read once. aiohttp's lookup scans the whole environment on every connection, which was 30% of a WebSocket
-connect here, so it is opt-in."""
+``HTTPS_PROXY``, ``ALL_PROXY`` and ``NO_PROXY`` as aiohttp does by default, and chat requests and env sessions
+from the same variables, read once. aiohttp's lookup scans the whole environment on every connection, which was 30%
+of a WebSocket connect here, so it is opt-in."""
 
 from __future__ import annotations
 
@@ -81,11 +81,11 @@ async def _net() -> _LoopNet:
     return net
 
 
-def park(url: str, connection: Parkable) -> None:
+async def park(url: str, connection: Parkable) -> None:
     """Keep ``connection``, a session on the env server at ``url`` with no episode open, for the next episode
-    there."""
+    there, until it has been idle for ``IDLE_S`` or the loop ends."""
     loop = asyncio.get_running_loop()
-    net = _loops[loop]
+    net = await _net()
     timer = loop.call_later(IDLE_S, _expire, net, url, connection)
     net.parked.setdefault(url, []).append((connection, timer))
 
@@ -132,5 +132,5 @@ async def _held_client(loop: asyncio.AbstractEventLoop) -> AsyncGenerator[aiohtt
             await asyncio.gather(*(each.close() for each in parked), *net.closing, return_exceptions=True)
             for idle in net.idle.values():
                 for connection in idle:
-                    connection.close()
+                    connection.drop()
         await client.close()

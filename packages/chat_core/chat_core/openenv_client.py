@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import json
 import random
 import time
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +18,9 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from chat_core._http import ChatHttpError
 from chat_core._net import client, park, unpark
+from chat_core._websocket import Closed, HandshakeRefused, WebSocket, open_session
 from chat_core._wire import encoded, parse_json, wire_text
 from chat_core.errors import (
     CapacityExhausted,
@@ -36,10 +36,6 @@ from chat_core.errors import (
 _CAPACITY_REACHED = "CAPACITY_REACHED"
 _OPEN_TIMEOUT_S = 30.0
 _HTTP_TIMEOUT_S = 60.0
-_WS_TIMEOUT = aiohttp.ClientWSTimeout(ws_receive=None, ws_close=2.0)
-_DROPPED = frozenset({aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED})
-_CLOSED = aiohttp.WSMessage(aiohttp.WSMsgType.CLOSED, None, None)
-_TIMER_CONTEXT = contextvars.Context()
 
 
 @dataclass(frozen=True)
@@ -226,7 +222,7 @@ class EpisodeSession:
         self._ws_url = "ws" + self.url.removeprefix("http") + "/ws"
         self._capacity_wait = capacity_wait or CapacityWait()
         self._call_deadline_s = call_deadline_s
-        self._connection: _Connection | None = None
+        self._connection: WebSocket | None = None
         self._started = False
         self._closed = False
         self._ended = False
@@ -298,7 +294,7 @@ class EpisodeSession:
         self._closed = True
         if self._ended and self._connection is not None:
             connection, self._connection = self._connection, None
-            park(self.url, connection)
+            await park(self.url, connection)
             return
         await self._drop_connection()
 
@@ -314,16 +310,15 @@ class EpisodeSession:
         self._connection = await self._connect()
         return await self._first_answer(message)
 
-    async def _connect(self) -> _Connection:
-        http = await client()
+    async def _connect(self) -> WebSocket:
         try:
             async with asyncio.timeout(_OPEN_TIMEOUT_S):
-                return _Connection(await http.ws_connect(self._ws_url, timeout=_WS_TIMEOUT, max_msg_size=0))
-        except aiohttp.WSServerHandshakeError as e:
+                return await open_session(self._ws_url)
+        except HandshakeRefused as e:
             raise NotAnOpenEnvServer(
-                f"{self._ws_url} doesn't take WebSocket sessions as an OpenEnv server does: {_described(e)}"
+                f"{self._ws_url} doesn't take WebSocket sessions as an OpenEnv server does: {e}"
             ) from None
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        except (ChatHttpError, TimeoutError) as e:
             raise ServerUnreachable(f"can't open a session at {self._ws_url}: {_described(e)}") from None
 
     async def _first_answer(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -331,8 +326,8 @@ class EpisodeSession:
         before the reset is even sent, and then closes."""
         assert self._connection is not None
         self._ended = False
-        with contextlib.suppress(aiohttp.ClientConnectionError, ConnectionError):
-            await self._connection.send(message)
+        with contextlib.suppress(ConnectionError):
+            self._connection.send_text(encoded(message))
         return _frame_of(await self._connection.next_message(None), "reset")
 
     async def _exchange(self, message: dict[str, Any], what: str) -> Observation:
@@ -342,8 +337,8 @@ class EpisodeSession:
             raise RuntimeError(f"{what} needs an open episode: call reset first, and not after close")
         self._ended = False
         try:
-            await connection.send(message)
-        except (aiohttp.ClientConnectionError, ConnectionError) as e:
+            connection.send_text(encoded(message))
+        except ConnectionError as e:
             raise SessionDropped(f"the session closed before {what} could be sent: {_described(e)}") from None
         try:
             answer = await connection.next_message(self._call_deadline_s)
@@ -381,60 +376,6 @@ class EpisodeSession:
             await connection.close()
 
 
-class _Connection:
-    """A session's WebSocket connection, always reading. aiohttp answers the server's pings only inside
-    ``receive``, and a server closes a session whose pongs are late (uvicorn after 20 s by default), so a reader
-    task receives every message as it arrives, while the episode waits on the model and while the connection is
-    parked, and hands each to the call waiting for it; one that arrives unasked waits for the next call.
-
-    A wait's deadline is a timer that fails the waiting future, run in a context of its own. An ``asyncio.timeout``
-    per call was a Timeout, a timer, a bound method and a copy of the caller's context, each outliving the wait,
-    and at a thousand episodes in flight whatever outlives a wait reaches the garbage collector's oldest generation,
-    whose collections go through all of it."""
-
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse):
-        self._ws = ws
-        self._arrived: deque[aiohttp.WSMessage] = deque()
-        self._waiter: asyncio.Future[aiohttp.WSMessage] | None = None
-        self._reader = asyncio.ensure_future(self._read())
-
-    async def send(self, message: dict[str, Any]) -> None:
-        await self._ws.send_str(encoded(message).decode())
-
-    async def next_message(self, deadline_s: float | None) -> aiohttp.WSMessage:
-        """The next message the server sent, waiting for it if it hasn't come yet; TimeoutError when none comes
-        within ``deadline_s`` (None: no limit)."""
-        if self._arrived:
-            return self._arrived.popleft()
-        if self._reader.done():
-            return _CLOSED
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        if deadline_s is None:
-            return await waiter
-        timer = loop.call_later(deadline_s, _time_out, waiter, context=_TIMER_CONTEXT)
-        try:
-            return await waiter
-        finally:
-            timer.cancel()
-
-    async def close(self) -> None:
-        """Stop reading and close the connection; it is dropped even when the closing handshake can't finish."""
-        self._reader.cancel()
-        await self._ws.close()
-
-    async def _read(self) -> None:
-        while True:
-            message = await self._ws.receive()
-            waiter, self._waiter = self._waiter, None
-            if waiter is not None and not waiter.done():
-                waiter.set_result(message)
-            else:
-                self._arrived.append(message)
-            if message.type is not aiohttp.WSMsgType.TEXT and message.type is not aiohttp.WSMsgType.BINARY:
-                return
-
-
 class ProbeSession(EpisodeSession):
     """A session that starts tasks one after another on one connection, for what each one's first turn offers, and
     plays none. Each ``reset`` after the first abandons the episode before it: the server tears it down and runs
@@ -449,22 +390,15 @@ class ProbeSession(EpisodeSession):
         return await self._exchange({"type": "reset", "data": {"split": split, "index": index}}, "reset")
 
 
-def _time_out(waiter: asyncio.Future[aiohttp.WSMessage]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
-
-
-def _frame_of(message: aiohttp.WSMessage, what: str) -> dict[str, Any]:
-    """The frame a WebSocket message holds, as the answer to ``what``; raises SessionDropped when the message says
-    the session ended, and EpisodeProtocolError when it holds no JSON object."""
-    if message.type in _DROPPED:
-        raise SessionDropped(f"the session closed while waiting for the answer to {what}: {_closing(message)}")
-    if message.type is aiohttp.WSMsgType.ERROR:
-        raise SessionDropped(f"the session failed while waiting for the answer to {what}: {_described(message.data)}")
+def _frame_of(message: bytes | Closed, what: str) -> dict[str, Any]:
+    """The frame a WebSocket message holds, as the answer to ``what``; raises SessionDropped when the session
+    ended instead, and EpisodeProtocolError when the message holds no JSON object."""
+    if isinstance(message, Closed):
+        raise SessionDropped(f"the session closed while waiting for the answer to {what}: {message}")
     try:
-        frame = parse_json(message.data)
+        frame = parse_json(message)
     except ValueError as e:
-        raise EpisodeProtocolError(f"the answer to {what} isn't JSON ({e}): {_excerpt(message.data)}") from None
+        raise EpisodeProtocolError(f"the answer to {what} isn't JSON ({e}): {_excerpt(wire_text(message))}") from None
     if not isinstance(frame, dict):
         raise EpisodeProtocolError(f"the answer to {what} isn't a frame: {_excerpt(frame)}")
     return frame
@@ -514,12 +448,6 @@ def _capacity_message(url: str, frame: dict[str, Any], waited: float) -> str:
         f"{url} kept {held} taken for {waited:.1f} s: run fewer episodes at once, wait longer, or serve "
         "with a higher max_concurrent_envs"
     )
-
-
-def _closing(message: aiohttp.WSMessage) -> str:
-    if message.type is not aiohttp.WSMsgType.CLOSE:
-        return "the connection dropped without a close frame"
-    return f"close code {message.data}" + (f" ({message.extra})" if message.extra else "")
 
 
 def _detail(raw: bytes) -> str:
