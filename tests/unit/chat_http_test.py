@@ -17,7 +17,7 @@ from typing import TypeVar
 import chat_core._http
 import chat_core._net
 import pytest
-from chat_core._http import ChatHttpError, ChatRoute, ConnectionRefused
+from chat_core._http import ChatRoute, ConnectionRefused, HttpError
 from test_support.proxy import Proxy, started_proxy
 from test_support.waits import free_port
 
@@ -231,7 +231,7 @@ def test_a_new_connection_closed_unanswered_is_a_chat_error_not_sent_again() -> 
     async def hangs_up(served: Endpoint, reader: asyncio.StreamReader, writer) -> None:
         served.requests.append(await read_request(reader))
 
-    with pytest.raises(ChatHttpError, match="closed the connection without answering") as raised:
+    with pytest.raises(HttpError, match="closed the connection without answering") as raised:
         posted(endpoint(hangs_up))
 
     assert not isinstance(raised.value, ConnectionRefused)
@@ -250,7 +250,7 @@ def test_a_new_connection_closed_unanswered_is_a_chat_error_not_sent_again() -> 
     ids=["not-http", "cut", "gzip", "bad-chunk", "bad-length", "endless-head"],
 )
 def test_an_answer_that_cant_be_read_is_a_chat_error_saying_why(answer: bytes, says: str) -> None:
-    with pytest.raises(ChatHttpError) as raised:
+    with pytest.raises(HttpError) as raised:
         posted(endpoint(answering_with(answer, keep=False)))
 
     assert says in str(raised.value)
@@ -265,7 +265,7 @@ def test_a_refused_connection_is_told_apart_from_other_failures() -> None:
 
     with pytest.raises(ConnectionRefused, match="refused the connection"):
         posted(refused)
-    with pytest.raises(ChatHttpError, match=r"can't connect to no-such-host\.invalid:80") as raised:
+    with pytest.raises(HttpError, match=r"can't connect to no-such-host\.invalid:80") as raised:
         posted(unresolvable)
     assert not isinstance(raised.value, ConnectionRefused)
 
@@ -339,7 +339,7 @@ def test_an_https_endpoint_whose_certificate_isnt_trusted_is_a_chat_error(
     monkeypatch.delenv("SSL_CERT_FILE")
     chat_core._http._tls_context.cache_clear()
 
-    with pytest.raises(ChatHttpError, match="CERTIFICATE_VERIFY_FAILED") as raised:
+    with pytest.raises(HttpError, match="CERTIFICATE_VERIFY_FAILED") as raised:
         posted(endpoint(answering_with(length_framed(COMPLETION)), tls=tls_server))
     assert not isinstance(raised.value, ConnectionRefused)
 

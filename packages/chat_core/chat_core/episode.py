@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from chat_core._http import ChatHttpError, ChatRoute, ConnectionRefused
+from chat_core._http import ChatRoute, ConnectionRefused, HttpError
 from chat_core._wire import encoded, parse_json, wire_text
 from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
 from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation, server_url
@@ -480,7 +480,7 @@ class _Game:
                 f"was abandoned in turn {len(self.result.turns)}",
             )
             return None
-        except ChatHttpError as e:
+        except HttpError as e:
             self.fail(
                 FlagKind.SESSION_FAILED,
                 f"the chat request to {self._chat.url} failed: {_described(e)}{self._retried()}",

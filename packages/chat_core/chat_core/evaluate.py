@@ -29,7 +29,7 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from chat_core._cli import positive_int
-from chat_core._http import ChatHttpError, ChatRoute
+from chat_core._http import ChatRoute, HttpError
 from chat_core._wire import encoded, parse_json, wire_text
 from chat_core.episode import _RESERVED_BODY_KEYS, ChatEndpoint, Limits, play
 from chat_core.metrics import episode_metrics
@@ -155,7 +155,7 @@ async def preflight(chat: ChatEndpoint, sampling: Mapping[str, Any]) -> None:
             raise EvaluateError(
                 f"the model endpoint {chat.url} didn't answer the pre-flight request within {max(left, 1.0):.0f} s"
             ) from None
-        except ChatHttpError as e:
+        except HttpError as e:
             raise EvaluateError(f"the model endpoint {chat.url} can't be reached: {e}") from None
         if answer.status < 400:
             return

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from chat_core._http import ChatHttpError
+from chat_core._http import HttpError
 from chat_core._net import client, park, unpark
 from chat_core._websocket import Closed, HandshakeRefused, WebSocket, open_session
 from chat_core._wire import encoded, parse_json, wire_text
@@ -318,7 +318,7 @@ class EpisodeSession:
             raise NotAnOpenEnvServer(
                 f"{self._ws_url} doesn't take WebSocket sessions as an OpenEnv server does: {e}"
             ) from None
-        except (ChatHttpError, TimeoutError) as e:
+        except (HttpError, TimeoutError) as e:
             raise ServerUnreachable(f"can't open a session at {self._ws_url}: {_described(e)}") from None
 
     async def _first_answer(self, message: dict[str, Any]) -> dict[str, Any]:
