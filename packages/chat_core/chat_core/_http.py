@@ -1,7 +1,9 @@
-"""chat_core's HTTP/1.1: the client for chat requests (POSTs to one endpoint, over connections the event loop keeps
-open between requests), and the connections the env sessions' WebSocket client (``chat_core._websocket``) opens.
+"""chat_core's HTTP/1.1 client, for chat requests and the env server's Task API (over connections the event loop
+keeps open between requests), and the connections the env sessions' WebSocket client (``chat_core._websocket``)
+opens.
 
-A model turn is one POST, so what the HTTP client costs per request is most of the loop's own cost per turn.
+A model turn is one chat request, so what the HTTP client costs per request is most of the loop's own cost per
+turn.
 aiohttp's request path cost 0.34-0.45 ms of CPU per request here, against 0.14-0.19 ms for writing the request in
 one write and reading the answer in the protocol's callback, which is what this client does: the request's head is
 encoded once per endpoint, and an answer is read as it arrives, without a task, a stream or a timer per request.
@@ -52,17 +54,17 @@ class Answer:
     body: bytes
 
 
-class ChatRoute:
-    """POSTs to ``url`` with ``headers``, their head encoded once. Raises ValueError when ``url`` isn't an absolute
-    http(s) URL without credentials, a header holds a line break, or the proxy the environment names for it (when
-    ``CHAT_CORE_PROXY_FROM_ENV=1``) isn't an http:// URL."""
+class Route:
+    """Requests of ``method`` to ``url`` with ``headers``, their head encoded once. Raises ValueError when ``url``
+    isn't an absolute http(s) URL without credentials, a header holds a line break, or the proxy the environment
+    names for it (when ``CHAT_CORE_PROXY_FROM_ENV=1``) isn't an http:// URL."""
 
-    def __init__(self, url: str, headers: Mapping[str, str]):
+    def __init__(self, method: str, url: str, headers: Mapping[str, str]):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"the chat URL {url!r} isn't an absolute http(s) URL")
+            raise ValueError(f"the URL {url!r} isn't an absolute http(s) URL")
         if "@" in parts.netloc:
-            raise ValueError(f"the chat URL {url!r} holds credentials; send them in a header instead")
+            raise ValueError(f"the URL {url!r} holds credentials; send them in a header instead")
         self.url = url
         self._origin = (parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
         self._proxy = proxy_of(parts.scheme, parts.hostname) if proxy_from_env() else None
@@ -72,16 +74,17 @@ class ChatRoute:
         if self._proxy is not None and parts.scheme == "http":
             target = parts._replace(fragment="").geturl()
             sent.update(self._proxy.authorization)
-        lines = [f"POST {target} HTTP/1.1", f"Host: {authority}"]
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {authority}"]
         lines += [f"{name}: {value}" for name, value in sent.items() if name.lower() not in ("host", "content-length")]
         if any("\r" in line or "\n" in line for line in lines):
             raise ValueError(f"a header for {url} holds a line break")
         self._head = ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1")
 
-    async def post(self, body: bytes) -> Answer:
-        """The endpoint's answer to ``body``. Raises ConnectionRefused when the endpoint refused the connection,
-        and HttpError when the request got no whole answer otherwise. A kept connection that the endpoint
-        closed just as the request went out is replaced by a new one, and the request sent once more."""
+    async def send(self, body: bytes) -> Answer:
+        """The endpoint's answer to a request carrying ``body`` (empty for none). Raises ConnectionRefused when
+        the endpoint refused the connection, and HttpError when the request got no whole answer otherwise. A kept
+        connection that the endpoint closed just as the request went out is replaced by a new one, and the request
+        sent once more."""
         request = b"".join((self._head, str(len(body)).encode(), b"\r\n\r\n", body))
         idle = await idle_connections(self._origin)
         while idle:
