@@ -17,7 +17,7 @@ from typing import TypeVar
 import chat_core._http
 import chat_core._net
 import pytest
-from chat_core._http import ChatHttpError, ChatRoute, ConnectionRefused
+from chat_core._http import ConnectionRefused, HttpError, Route
 from test_support.proxy import Proxy, started_proxy
 from test_support.waits import free_port
 
@@ -132,10 +132,10 @@ def posted(
 
     async def run() -> tuple[Endpoint, list[chat_core._http.Answer]]:
         served = await start()
-        route = ChatRoute(served.url, headers or {"Content-Type": "application/json"})
+        route = Route("POST", served.url, headers or {"Content-Type": "application/json"})
         answers = []
         for _ in range(times):
-            answers.append(await route.post(b'{"messages": []}'))
+            answers.append(await route.send(b'{"messages": []}'))
             await asyncio.sleep(pause_s)
         return served, answers
 
@@ -231,7 +231,7 @@ def test_a_new_connection_closed_unanswered_is_a_chat_error_not_sent_again() -> 
     async def hangs_up(served: Endpoint, reader: asyncio.StreamReader, writer) -> None:
         served.requests.append(await read_request(reader))
 
-    with pytest.raises(ChatHttpError, match="closed the connection without answering") as raised:
+    with pytest.raises(HttpError, match="closed the connection without answering") as raised:
         posted(endpoint(hangs_up))
 
     assert not isinstance(raised.value, ConnectionRefused)
@@ -250,7 +250,7 @@ def test_a_new_connection_closed_unanswered_is_a_chat_error_not_sent_again() -> 
     ids=["not-http", "cut", "gzip", "bad-chunk", "bad-length", "endless-head"],
 )
 def test_an_answer_that_cant_be_read_is_a_chat_error_saying_why(answer: bytes, says: str) -> None:
-    with pytest.raises(ChatHttpError) as raised:
+    with pytest.raises(HttpError) as raised:
         posted(endpoint(answering_with(answer, keep=False)))
 
     assert says in str(raised.value)
@@ -265,7 +265,7 @@ def test_a_refused_connection_is_told_apart_from_other_failures() -> None:
 
     with pytest.raises(ConnectionRefused, match="refused the connection"):
         posted(refused)
-    with pytest.raises(ChatHttpError, match=r"can't connect to no-such-host\.invalid:80") as raised:
+    with pytest.raises(HttpError, match=r"can't connect to no-such-host\.invalid:80") as raised:
         posted(unresolvable)
     assert not isinstance(raised.value, ConnectionRefused)
 
@@ -282,11 +282,11 @@ def test_a_request_cancelled_midway_closes_its_connection() -> None:
 
     async def run() -> tuple[Endpoint, bytes]:
         served = await endpoint(answers_second_request_only)()
-        route = ChatRoute(served.url, {})
+        route = Route("POST", served.url, {})
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.2):
-                await route.post(b"{}")
-        return served, (await route.post(b"{}")).body
+                await route.send(b"{}")
+        return served, (await route.send(b"{}")).body
 
     served, body = played(run())
 
@@ -305,13 +305,13 @@ def test_a_request_cancelled_midway_closes_its_connection() -> None:
 )
 def test_a_chat_url_that_cant_be_sent_to_is_refused_up_front(url: str, says: str) -> None:
     with pytest.raises(ValueError) as raised:
-        ChatRoute(url, {})
+        Route("POST", url, {})
     assert says in str(raised.value)
 
 
 def test_a_header_with_a_line_break_is_refused_up_front() -> None:
     with pytest.raises(ValueError, match="holds a line break"):
-        ChatRoute("http://host/v1/chat/completions", {"Authorization": "Bearer x\r\nX-Injected: 1"})
+        Route("POST", "http://host/v1/chat/completions", {"Authorization": "Bearer x\r\nX-Injected: 1"})
 
 
 @pytest.fixture
@@ -339,7 +339,7 @@ def test_an_https_endpoint_whose_certificate_isnt_trusted_is_a_chat_error(
     monkeypatch.delenv("SSL_CERT_FILE")
     chat_core._http._tls_context.cache_clear()
 
-    with pytest.raises(ChatHttpError, match="CERTIFICATE_VERIFY_FAILED") as raised:
+    with pytest.raises(HttpError, match="CERTIFICATE_VERIFY_FAILED") as raised:
         posted(endpoint(answering_with(length_framed(COMPLETION)), tls=tls_server))
     assert not isinstance(raised.value, ConnectionRefused)
 
@@ -378,8 +378,8 @@ def test_with_the_proxy_opted_in_requests_go_through_it_with_its_credentials(
         proxy = await opened_proxy()
         proxied(proxy)
         served = await endpoint(answering_with(length_framed(COMPLETION)), tls=tls_server if tls else None)()
-        route = ChatRoute(served.url, {})
-        return proxy, served, [(await route.post(b"{}")).body for _ in range(2)]
+        route = Route("POST", served.url, {})
+        return proxy, served, [(await route.send(b"{}")).body for _ in range(2)]
 
     proxy, served, bodies = played(run())
 
@@ -404,7 +404,7 @@ def test_without_opting_in_or_for_a_host_no_proxy_names_requests_go_direct(
             monkeypatch.delenv(chat_core._net.PROXY_FROM_ENV)
             chat_core._net.proxy_from_env.cache_clear()
         served = await endpoint(answering_with(length_framed(COMPLETION)))()
-        await ChatRoute(served.url, {}).post(b"{}")
+        await Route("POST", served.url, {}).send(b"{}")
         return proxy, served
 
     for opt_in in (False, True):
@@ -420,4 +420,4 @@ def test_a_proxy_that_isnt_an_http_url_is_refused_up_front(
     chat_core._http._environment_proxies.cache_clear()
 
     with pytest.raises(ValueError, match="isn't an http:// URL"):
-        ChatRoute("https://api.example.com/v1/chat/completions", {})
+        Route("POST", "https://api.example.com/v1/chat/completions", {})

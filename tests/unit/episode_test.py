@@ -20,7 +20,7 @@ from typing import Any
 import chat_core._net
 import pytest
 from chat_core import ChatEndpoint, EpisodeResult, FlagKind, Limits, play
-from chat_core._net import IDLE_S, client
+from chat_core._net import IDLE_S, idle_connections
 from chat_core.openenv_client import EpisodeSession
 from chat_core.prepare import write_rows
 from test_support import (
@@ -190,15 +190,28 @@ def test_the_timings_add_up_to_the_wall_time(
         assert 0 <= own < 0.015, (result.episode.task_name, timings)
 
 
-def test_an_event_loops_requests_share_one_client_closed_with_the_loop() -> None:
-    async def asked_twice() -> tuple[Any, Any]:
-        return await client(), await client()
+class _Kept:
+    """A stand-in for a kept HTTP connection: it only notes being dropped."""
 
-    first, again = asyncio.run(asked_twice())
-    other, _ = asyncio.run(asked_twice())
+    dropped = False
 
-    assert first is again and first.closed
-    assert other is not first and other.closed
+    def drop(self) -> None:
+        self.dropped = True
+
+
+def test_an_event_loops_kept_connections_are_its_own_and_dropped_with_it() -> None:
+    endpoint = ("http", "model", 80)
+
+    async def kept_one() -> tuple[list[Any], list[Any]]:
+        idle = await idle_connections(endpoint)
+        idle.append(_Kept())
+        return idle, await idle_connections(endpoint)
+
+    first, again = asyncio.run(kept_one())
+    other, _ = asyncio.run(kept_one())
+
+    assert first is again and other is not first
+    assert [kept.dropped for kept in first + other] == [True, True]
 
 
 def test_an_ended_episodes_session_starts_the_next_episode_and_closes_once_idle(

@@ -2,7 +2,7 @@
 (``python -m chat_core.prepare``); ``play``, which plays a row's episode with the trainer's model and returns its
 reward or the flags that say why it has none; the episode's outcome as both helpers keep it in a sample
 (``EpisodeOutcome``), and the rules their filters and metrics share (``chat_core.filters``, ``chat_core.metrics``).
-It needs only aiohttp, orjson and tqdm, so it installs into a trainer's environment without the env
+It needs only orjson and tqdm, so it installs into a trainer's environment without the env
 server's packages."""
 
 from chat_core.episode import FATAL, ChatEndpoint, EpisodeResult, EpisodeTrace, Flag, FlagKind, Limits, play

@@ -1,7 +1,9 @@
-"""chat_core's client for chat requests: HTTP/1.1 POSTs to one endpoint, over connections the event loop keeps open
-between requests.
+"""chat_core's HTTP/1.1 client, for chat requests and the env server's Task API (over connections the event loop
+keeps open between requests), and the connections the env sessions' WebSocket client (``chat_core._websocket``)
+opens.
 
-A model turn is one POST, so what the HTTP client costs per request is most of the loop's own cost per turn.
+A model turn is one chat request, so what the HTTP client costs per request is most of the loop's own cost per
+turn.
 aiohttp's request path cost 0.34-0.45 ms of CPU per request here, against 0.14-0.19 ms for writing the request in
 one write and reading the answer in the protocol's callback, which is what this client does: the request's head is
 encoded once per endpoint, and an answer is read as it arrives, without a task, a stream or a timer per request.
@@ -33,12 +35,12 @@ C = TypeVar("C", bound="Connection")
 _ASKED = {"Accept": "application/json", "Accept-Encoding": "identity", "User-Agent": "chat_core"}
 
 
-class ChatHttpError(Exception):
-    """A chat request that got no whole HTTP answer: no connection, a connection lost midway, or an answer that
-    isn't HTTP/1.1."""
+class HttpError(Exception):
+    """A request that got no whole HTTP answer: no connection, a connection lost midway, or an answer that isn't
+    HTTP/1.1."""
 
 
-class ConnectionRefused(ChatHttpError):
+class ConnectionRefused(HttpError):
     """The endpoint refused (or reset) the connection before the request was sent: worth sending again, since a
     server that is starting or restarting does this for a moment."""
 
@@ -52,17 +54,17 @@ class Answer:
     body: bytes
 
 
-class ChatRoute:
-    """POSTs to ``url`` with ``headers``, their head encoded once. Raises ValueError when ``url`` isn't an absolute
-    http(s) URL without credentials, a header holds a line break, or the proxy the environment names for it (when
-    ``CHAT_CORE_PROXY_FROM_ENV=1``) isn't an http:// URL."""
+class Route:
+    """Requests of ``method`` to ``url`` with ``headers``, their head encoded once. Raises ValueError when ``url``
+    isn't an absolute http(s) URL without credentials, a header holds a line break, or the proxy the environment
+    names for it (when ``CHAT_CORE_PROXY_FROM_ENV=1``) isn't an http:// URL."""
 
-    def __init__(self, url: str, headers: Mapping[str, str]):
+    def __init__(self, method: str, url: str, headers: Mapping[str, str]):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"the chat URL {url!r} isn't an absolute http(s) URL")
+            raise ValueError(f"the URL {url!r} isn't an absolute http(s) URL")
         if "@" in parts.netloc:
-            raise ValueError(f"the chat URL {url!r} holds credentials; send them in a header instead")
+            raise ValueError(f"the URL {url!r} holds credentials; send them in a header instead")
         self.url = url
         self._origin = (parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
         self._proxy = proxy_of(parts.scheme, parts.hostname) if proxy_from_env() else None
@@ -72,16 +74,17 @@ class ChatRoute:
         if self._proxy is not None and parts.scheme == "http":
             target = parts._replace(fragment="").geturl()
             sent.update(self._proxy.authorization)
-        lines = [f"POST {target} HTTP/1.1", f"Host: {authority}"]
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {authority}"]
         lines += [f"{name}: {value}" for name, value in sent.items() if name.lower() not in ("host", "content-length")]
         if any("\r" in line or "\n" in line for line in lines):
             raise ValueError(f"a header for {url} holds a line break")
         self._head = ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1")
 
-    async def post(self, body: bytes) -> Answer:
-        """The endpoint's answer to ``body``. Raises ConnectionRefused when the endpoint refused the connection,
-        and ChatHttpError when the request got no whole answer otherwise. A kept connection that the endpoint
-        closed just as the request went out is replaced by a new one, and the request sent once more."""
+    async def send(self, body: bytes) -> Answer:
+        """The endpoint's answer to a request carrying ``body`` (empty for none). Raises ConnectionRefused when
+        the endpoint refused the connection, and HttpError when the request got no whole answer otherwise. A kept
+        connection that the endpoint closed just as the request went out is replaced by a new one, and the request
+        sent once more."""
         request = b"".join((self._head, str(len(body)).encode(), b"\r\n\r\n", body))
         idle = await idle_connections(self._origin)
         while idle:
@@ -108,7 +111,7 @@ async def connect(
 ) -> C:
     """A new connection (``make``'s protocol) to ``origin`` (scheme, host, port; https and wss over TLS), through
     ``proxy`` when one is named: a tunnel through it (``CONNECT``) for a TLS origin or when ``tunnel`` asks, else a
-    connection to the proxy itself. Raises ConnectionRefused when the connection was refused, ChatHttpError when it
+    connection to the proxy itself. Raises ConnectionRefused when the connection was refused, HttpError when it
     can't be made otherwise."""
     scheme, host, port = origin
     secure = scheme in ("https", "wss")
@@ -121,7 +124,7 @@ async def connect(
     except ConnectionError as e:
         raise ConnectionRefused(f"{where[0]}:{where[1]} refused the connection ({e})") from None
     except OSError as e:
-        raise ChatHttpError(f"can't connect to {where[0]}:{where[1]} ({_described(e)})") from None
+        raise HttpError(f"can't connect to {where[0]}:{where[1]} ({_described(e)})") from None
     if proxy is not None and (secure or tunnel):
         await _tunnel(connection, host, port, proxy, secure)
     return connection
@@ -135,7 +138,7 @@ async def _tunnel(connection: Connection, host: str, port: int, proxy: Proxy, se
     try:
         answer = await connection.exchange(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), head_only=True)
         if answer.status != 200:
-            raise ChatHttpError(f"the proxy {proxy.url} answered CONNECT {authority} with HTTP {answer.status}")
+            raise HttpError(f"the proxy {proxy.url} answered CONNECT {authority} with HTTP {answer.status}")
         if secure:
             connection.transport = await asyncio.get_running_loop().start_tls(
                 connection.transport, connection, _tls_context(), server_hostname=host
@@ -145,7 +148,7 @@ async def _tunnel(connection: Connection, host: str, port: int, proxy: Proxy, se
         raise
 
 
-class _Stale(ChatHttpError):
+class _Stale(HttpError):
     """The connection closed before any of the answer came: on a kept connection, the endpoint dropped it while it
     was idle."""
 
@@ -177,7 +180,7 @@ class Connection(asyncio.Protocol):
 
     async def exchange(self, request: bytes, *, head_only: bool = False) -> Answer:
         """The answer to ``request``, written on this connection. Raises _Stale when the connection closed before
-        any answer came, and ChatHttpError when the answer was cut or isn't HTTP/1.1; closes the connection when
+        any answer came, and HttpError when the answer was cut or isn't HTTP/1.1; closes the connection when
         the answer doesn't come whole, the wait for it cancelled included."""
         self._waiter = asyncio.get_running_loop().create_future()
         self._head_only = head_only
@@ -206,7 +209,7 @@ class Connection(asyncio.Protocol):
             return
         try:
             self._read(ended=False)
-        except ChatHttpError as e:
+        except HttpError as e:
             self._fail(e)
 
     def eof_received(self) -> bool:
@@ -219,7 +222,7 @@ class Connection(asyncio.Protocol):
             return
         try:
             self._read(ended=True)
-        except ChatHttpError as e:
+        except HttpError as e:
             self._fail(e)
             return
         if not self._waiter.done():
@@ -227,9 +230,9 @@ class Connection(asyncio.Protocol):
             if self._head is None and not self._buffer:
                 self._fail(_Stale(f"the endpoint closed the connection without answering{why}"))
             else:
-                self._fail(ChatHttpError(f"the endpoint closed the connection midway through its answer{why}"))
+                self._fail(HttpError(f"the endpoint closed the connection midway through its answer{why}"))
 
-    def _fail(self, error: ChatHttpError) -> None:
+    def _fail(self, error: HttpError) -> None:
         self.drop()
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_exception(error)
@@ -241,7 +244,7 @@ class Connection(asyncio.Protocol):
             end = buffer.find(b"\r\n\r\n")
             if end < 0:
                 if len(buffer) > _MAX_HEAD_BYTES:
-                    raise ChatHttpError(f"answered with a head longer than {_MAX_HEAD_BYTES} bytes")
+                    raise HttpError(f"answered with a head longer than {_MAX_HEAD_BYTES} bytes")
                 return
             head = _head_of(bytes(buffer[:end]))
             del buffer[: end + 4]
@@ -277,29 +280,29 @@ class Connection(asyncio.Protocol):
 
 
 def _head_of(raw: bytes) -> _Head:
-    """An answer's head; raises ChatHttpError when it isn't an HTTP/1.x head."""
+    """An answer's head; raises HttpError when it isn't an HTTP/1.x head."""
     lines = raw.decode("latin-1").split("\r\n")
     version, _, rest = lines[0].partition(" ")
     code = rest[:3]
     if version not in ("HTTP/1.1", "HTTP/1.0") or not code.isdigit():
-        raise ChatHttpError(f"answered with something that isn't HTTP/1.1: {lines[0][:200]!r}")
+        raise HttpError(f"answered with something that isn't HTTP/1.1: {lines[0][:200]!r}")
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, colon, value = line.partition(":")
         if not colon:
-            raise ChatHttpError(f"answered with a header line that isn't one: {line[:200]!r}")
+            raise HttpError(f"answered with a header line that isn't one: {line[:200]!r}")
         name, value = name.strip().lower(), value.strip()
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
     coding = headers.get("content-encoding", "identity").lower()
     if coding != "identity":
-        raise ChatHttpError(f"answered with content coding {coding!r}, which chat_core asks not to get")
+        raise HttpError(f"answered with content coding {coding!r}, which chat_core asks not to get")
     chunked = "chunked" in headers.get("transfer-encoding", "").lower()
     length = None
     if not chunked and "content-length" in headers:
         try:
             length = int(headers["content-length"])
         except ValueError:
-            raise ChatHttpError(f"answered with Content-Length {headers['content-length']!r}") from None
+            raise HttpError(f"answered with Content-Length {headers['content-length']!r}") from None
     tokens = {token.strip() for token in headers.get("connection", "").lower().split(",")}
     keep_alive = "keep-alive" in tokens if version == "HTTP/1.0" else "close" not in tokens
     return _Head(int(code), headers, length, chunked, keep_alive)
@@ -307,7 +310,7 @@ def _head_of(raw: bytes) -> _Head:
 
 def _dechunked(buffer: bytearray) -> tuple[bytes, int] | None:
     """A chunked body at the start of ``buffer`` and the bytes it took, or None while it isn't all there. Raises
-    ChatHttpError when a chunk's size line isn't one."""
+    HttpError when a chunk's size line isn't one."""
     parts: list[bytes] = []
     position = 0
     while True:
@@ -318,7 +321,7 @@ def _dechunked(buffer: bytearray) -> tuple[bytes, int] | None:
         try:
             size = int(size_text, 16)
         except ValueError:
-            raise ChatHttpError(f"answered with a chunk size that isn't one: {size_text[:40]!r}") from None
+            raise HttpError(f"answered with a chunk size that isn't one: {size_text[:40]!r}") from None
         if size == 0:
             trailers_end = buffer.find(b"\r\n\r\n", line_end)
             return None if trailers_end < 0 else (b"".join(parts), trailers_end + 4)

@@ -1,11 +1,12 @@
-"""How chat_core's connections are set up: once per event loop, not per episode or per connection.
+"""How chat_core's connections are kept: per event loop, not per episode or per request.
 
-Every Task API request an event loop makes to an env server goes through one aiohttp client (a session with an
-unbounded connection pool), every chat request through ``chat_core._http``, whose idle connections the loop keeps
-here by endpoint, and every env session through ``chat_core._websocket``. The client and the idle connections are
-made by the loop's first request and closed when the loop shuts down its async generators (``asyncio.run`` does).
-A client per episode cost more CPU than the rest of the episode's requests; one httpx client shared by many
-episodes went quadratic in its pool (httpcore's request assignment scans every idle connection per request).
+Every HTTP request an event loop makes (to a chat endpoint, or to an env server's Task API) goes through
+``chat_core._http``, whose idle connections the loop keeps here by endpoint, and every env session through
+``chat_core._websocket``. What the loop keeps is closed when the loop shuts down its async generators
+(``asyncio.run`` does). A client per episode cost more CPU than the rest of the episode's requests; one httpx client
+shared by many episodes went quadratic in its pool (httpcore's request assignment scans every idle connection per
+request), and aiohttp's request path cost twice what a request written in one write and read in the protocol's
+callback costs.
 
 An env server's WebSocket session outlives the episode it played when the server ended that episode cleanly: the
 connection is parked, and the next episode on that server starts on it, since a reset on an open session starts a
@@ -13,10 +14,9 @@ new episode. That skips a connect and a close, which together cost this process 
 env calls. A parked connection still takes one of the server's sessions, so it is closed once it has been idle for
 ``IDLE_S``, and when the loop ends.
 
-Connections go direct unless ``CHAT_CORE_PROXY_FROM_ENV=1``: then the client takes its proxy from ``HTTP_PROXY``,
-``HTTPS_PROXY``, ``ALL_PROXY`` and ``NO_PROXY`` as aiohttp does by default, and chat requests and env sessions
-from the same variables, read once. aiohttp's lookup scans the whole environment on every connection, which was 30%
-of a WebSocket connect here, so it is opt-in."""
+Connections go direct unless ``CHAT_CORE_PROXY_FROM_ENV=1``: then they take their proxy from ``HTTP_PROXY``,
+``HTTPS_PROXY``, ``ALL_PROXY`` and ``NO_PROXY``, read once per process. Looking the proxy up scans the whole
+environment, which cost 30% of a WebSocket connect when aiohttp did it per connection, so it is opt-in."""
 
 from __future__ import annotations
 
@@ -26,8 +26,6 @@ import os
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-import aiohttp
 
 PROXY_FROM_ENV = "CHAT_CORE_PROXY_FROM_ENV"
 IDLE_S = 2.0
@@ -47,11 +45,11 @@ class Parkable(Protocol):
 
 @dataclass
 class _LoopNet:
-    """An event loop's client, its parked WebSocket connections by server URL, each with the timer that closes it,
-    most recently parked last, and its idle chat connections by endpoint (scheme, host, port)."""
+    """An event loop's parked WebSocket connections by server URL, each with the timer that closes it, most
+    recently parked last, and its idle HTTP connections by endpoint (scheme, host, port); ``holder`` closes them
+    all when the loop ends."""
 
-    holder: AsyncGenerator[aiohttp.ClientSession, None]
-    client: aiohttp.ClientSession
+    holder: AsyncGenerator[None, None]
     parked: dict[str, list[tuple[Parkable, asyncio.TimerHandle]]] = field(default_factory=dict)
     idle: dict[tuple[str, str, int], list[Any]] = field(default_factory=dict)
     closing: set[asyncio.Task[None]] = field(default_factory=set)
@@ -60,14 +58,8 @@ class _LoopNet:
 _loops: dict[asyncio.AbstractEventLoop, _LoopNet] = {}
 
 
-async def client() -> aiohttp.ClientSession:
-    """The running event loop's client, made on its first call. It sets no timeout of its own: the caller bounds
-    each request."""
-    return (await _net()).client
-
-
 async def idle_connections(endpoint: tuple[str, str, int]) -> list[Any]:
-    """The running event loop's idle chat connections to ``endpoint``, most recently used last: the list itself,
+    """The running event loop's idle HTTP connections to ``endpoint``, most recently used last: the list itself,
     which the caller takes connections from and gives them back to."""
     return (await _net()).idle.setdefault(endpoint, [])
 
@@ -75,9 +67,10 @@ async def idle_connections(endpoint: tuple[str, str, int]) -> list[Any]:
 async def _net() -> _LoopNet:
     loop = asyncio.get_running_loop()
     net = _loops.get(loop)
-    if net is None or net.client.closed:
-        holder = _held_client(loop)
-        net = _loops[loop] = _LoopNet(holder, await anext(holder))
+    if net is None:
+        holder = _held_net(loop)
+        net = _loops[loop] = _LoopNet(holder)
+        await anext(holder)
     return net
 
 
@@ -112,18 +105,13 @@ def _expire(net: _LoopNet, url: str, connection: Parkable) -> None:
             return
 
 
-async def _held_client(loop: asyncio.AbstractEventLoop) -> AsyncGenerator[aiohttp.ClientSession, None]:
-    """The loop's client, held open by this suspended generator until the loop's ``shutdown_asyncgens`` closes it:
-    the one hook asyncio gives for work at a loop's end. The loop registers the generator when it first runs it,
-    and ``_loops`` holds it (the loop holds it only weakly) until then. Parked sessions are closed first, so each
-    server hears its sessions end."""
-    client = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0),
-        timeout=aiohttp.ClientTimeout(),
-        trust_env=proxy_from_env(),
-    )
+async def _held_net(loop: asyncio.AbstractEventLoop) -> AsyncGenerator[None, None]:
+    """Suspended until the loop's ``shutdown_asyncgens`` closes it, the one hook asyncio gives for work at a loop's
+    end, and then closes the loop's connections: parked sessions first (each with its closing handshake, so each
+    server hears its sessions end), then idle HTTP connections. The loop registers the generator when it first runs
+    it, and ``_loops`` holds it (the loop holds it only weakly) until then."""
     try:
-        yield client
+        yield
     finally:
         net = _loops.pop(loop, None)
         if net is not None:
@@ -133,4 +121,3 @@ async def _held_client(loop: asyncio.AbstractEventLoop) -> AsyncGenerator[aiohtt
             for idle in net.idle.values():
                 for connection in idle:
                     connection.drop()
-        await client.close()

@@ -49,7 +49,7 @@ class Closed:
 async def open_session(url: str) -> WebSocket:
     """A WebSocket session at ``url`` (ws:// or wss://), through the environment's proxy when
     ``CHAT_CORE_PROXY_FROM_ENV=1`` names one for its host. Raises HandshakeRefused when what answers doesn't open a
-    session, and ``chat_core._http``'s ChatHttpError when the server can't be reached."""
+    session, and ``chat_core._http``'s HttpError when the server can't be reached."""
     parts = urlsplit(url)
     secure = parts.scheme == "wss"
     origin = (parts.scheme, parts.hostname, parts.port or (443 if secure else 80))

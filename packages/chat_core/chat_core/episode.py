@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from chat_core._http import ChatHttpError, ChatRoute, ConnectionRefused
+from chat_core._http import ConnectionRefused, HttpError, Route
 from chat_core._wire import encoded, parse_json, wire_text
 from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
 from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation, server_url
@@ -232,7 +232,7 @@ async def play(
 
     Every failure of the env, the chat endpoint or the model is a flag on the result. Raises ValueError before
     anything starts when ``metadata`` isn't a row's, ``sampling`` sets ``model``, ``messages`` or ``tools``, or the
-    chat endpoint's URL or headers can't be sent (see ``chat_core._http.ChatRoute``), and
+    chat endpoint's URL or headers can't be sent (see ``chat_core._http.Route``), and
     ServerMismatch when a server of the launch's pool serves another env or other tasks than the row's. When
     cancelled, closes the env session, so the server abandons the episode without running its verifiers, and
     re-raises."""
@@ -301,7 +301,7 @@ class _Game:
     ):
         self.result = EpisodeResult(episode=episode)
         self._chat = chat
-        self._route = ChatRoute(chat.url, {"Content-Type": "application/json", **chat.headers})
+        self._route = Route("POST", chat.url, {"Content-Type": "application/json", **chat.headers})
         self._body_head = encoded({**sampling, "model": chat.model})[:-1] + b',"messages":['
         self._said: list[bytes] = []
         self._limits = limits
@@ -480,7 +480,7 @@ class _Game:
                 f"was abandoned in turn {len(self.result.turns)}",
             )
             return None
-        except ChatHttpError as e:
+        except HttpError as e:
             self.fail(
                 FlagKind.SESSION_FAILED,
                 f"the chat request to {self._chat.url} failed: {_described(e)}{self._retried()}",
@@ -507,7 +507,7 @@ class _Game:
         attempt = 0
         while True:
             try:
-                answer = await self._route.post(body)
+                answer = await self._route.send(body)
             except ConnectionRefused:
                 if (wait := _RETRY.delay(attempt, None, None, deadline - time.monotonic())) is None:
                     raise

@@ -29,7 +29,7 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from chat_core._cli import positive_int
-from chat_core._http import ChatHttpError, ChatRoute
+from chat_core._http import HttpError, Route
 from chat_core._wire import encoded, parse_json, wire_text
 from chat_core.episode import _RESERVED_BODY_KEYS, ChatEndpoint, Limits, play
 from chat_core.metrics import episode_metrics
@@ -141,7 +141,7 @@ async def preflight(chat: ChatEndpoint, sampling: Mapping[str, Any]) -> None:
     limit = "max_completion_tokens" if "max_completion_tokens" in sampling else "max_tokens"
     body = {**sampling, "model": chat.model, "messages": [{"role": "user", "content": "Say OK."}], limit: 1}
     try:
-        route = ChatRoute(chat.url, {"Content-Type": "application/json", **chat.headers})
+        route = Route("POST", chat.url, {"Content-Type": "application/json", **chat.headers})
     except ValueError as e:
         raise EvaluateError(str(e)) from None
     began = time.monotonic()
@@ -150,12 +150,12 @@ async def preflight(chat: ChatEndpoint, sampling: Mapping[str, Any]) -> None:
         left = _PREFLIGHT_S - (time.monotonic() - began)
         try:
             async with asyncio.timeout(max(left, 1.0)):
-                answer = await route.post(encoded(body))
+                answer = await route.send(encoded(body))
         except TimeoutError:
             raise EvaluateError(
                 f"the model endpoint {chat.url} didn't answer the pre-flight request within {max(left, 1.0):.0f} s"
             ) from None
-        except ChatHttpError as e:
+        except HttpError as e:
             raise EvaluateError(f"the model endpoint {chat.url} can't be reached: {e}") from None
         if answer.status < 400:
             return

@@ -16,10 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
-
-from chat_core._http import ChatHttpError
-from chat_core._net import client, park, unpark
+from chat_core._http import HttpError, Route
+from chat_core._net import park, unpark
 from chat_core._websocket import Closed, HandshakeRefused, WebSocket, open_session
 from chat_core._wire import encoded, parse_json, wire_text
 from chat_core.errors import (
@@ -128,15 +126,15 @@ def server_url(url: str) -> str:
 
 
 class OpenEnvServer:
-    """The Task API of the OpenEnv server at ``url``: its env's name, splits and tasks, asked through the event
-    loop's client (``chat_core._net``), each request bounded by ``timeout_s``. Every method raises
+    """The Task API of the OpenEnv server at ``url``: its env's name, splits and tasks, asked over the event loop's
+    kept connections (``chat_core._http``), each request bounded by ``timeout_s``. Every method raises
     ServerUnreachable when nothing answers, NotAnOpenEnvServer when what answers isn't an OpenEnv server, and
     ServerError when the server refuses or fails the request."""
 
     def __init__(self, url: str, *, timeout_s: float = _HTTP_TIMEOUT_S):
         """Raises InvalidServerUrl when ``url`` isn't an absolute http(s) URL."""
         self.url = server_url(url)
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
         self._env_name: str | None = None
 
     async def env_name(self) -> str:
@@ -174,16 +172,17 @@ class OpenEnvServer:
         return tasks
 
     async def _json(self, method: str, path: str, body: dict[str, Any] | None = None, *, what: str) -> Any:
-        http = await client()
+        route = Route(method, self.url + path, {} if body is None else {"Content-Type": "application/json"})
         try:
-            async with http.request(method, self.url + path, json=body, timeout=self._timeout) as response:
-                status, raw = response.status, await response.read()
+            async with asyncio.timeout(self._timeout_s):
+                answer = await route.send(b"" if body is None else encoded(body))
         except TimeoutError as e:
             raise ServerUnreachable(
                 f"{self.url} didn't answer in time when asked for {what}: {_described(e)}"
             ) from None
-        except (aiohttp.ClientError, OSError) as e:
+        except HttpError as e:
             raise ServerUnreachable(f"can't reach {self.url} to ask for {what}: {_described(e)}") from None
+        status, raw = answer.status, answer.body
         if self._env_name is None and 400 <= status < 500:
             raise NotAnOpenEnvServer(
                 f"{self.url} answered {method} {path} with HTTP {status}: it isn't an OpenEnv server"
@@ -318,7 +317,7 @@ class EpisodeSession:
             raise NotAnOpenEnvServer(
                 f"{self._ws_url} doesn't take WebSocket sessions as an OpenEnv server does: {e}"
             ) from None
-        except (ChatHttpError, TimeoutError) as e:
+        except (HttpError, TimeoutError) as e:
             raise ServerUnreachable(f"can't open a session at {self._ws_url}: {_described(e)}") from None
 
     async def _first_answer(self, message: dict[str, Any]) -> dict[str, Any]:
