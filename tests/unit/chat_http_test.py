@@ -6,23 +6,19 @@ through the client against the scripted model and slime's adapter."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import ssl
-import warnings
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import chat_core._http
 import chat_core._net
 import pytest
 from chat_core._http import ConnectionRefused, HttpError, Route
 from test_support.proxy import Proxy, started_proxy
+from test_support.raw_servers import Opened, played
 from test_support.waits import free_port
 
-T = TypeVar("T")
-BOUND_S = 10.0
 CERTIFICATE = Path(__file__).with_name("tls") / "localhost.pem"
 COMPLETION = b'{"choices": [{"message": {"role": "assistant", "content": "hi"}}]}'
 
@@ -37,38 +33,9 @@ class Endpoint:
 
 
 Answering = Callable[[Endpoint, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-_opened: list[asyncio.Server | asyncio.StreamWriter | Proxy] = []
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_unclosed() -> Iterator[None]:
-    """Each test leaves no socket or transport for the garbage collector to find unclosed."""
-    with warnings.catch_warnings(record=True) as warned:
-        warnings.simplefilter("always", ResourceWarning)
-        yield
-        gc.collect()
-    assert [str(each.message) for each in warned if issubclass(each.category, ResourceWarning)] == []
-
-
-def played(work: Awaitable[T]) -> T:
-    """What ``work`` gives, run in an event loop of its own within ``BOUND_S``, every endpoint and proxy it started
-    closed before the loop ends."""
-
-    async def bounded() -> T:
-        try:
-            async with asyncio.timeout(BOUND_S):
-                return await work
-        finally:
-            while _opened:
-                opened = _opened.pop()
-                if isinstance(opened, Proxy):
-                    await opened.close()
-                    continue
-                opened.close()
-                if isinstance(opened, asyncio.Server):
-                    await opened.wait_closed()
-
-    return asyncio.run(bounded())
+_opened: list[Opened] = []
+pytest_plugins = ["test_support.pytest_plugin"]
+pytestmark = pytest.mark.usefixtures("nothing_left_unclosed")
 
 
 async def read_request(reader: asyncio.StreamReader) -> tuple[str, bytes] | None:
@@ -139,7 +106,7 @@ def posted(
             await asyncio.sleep(pause_s)
         return served, answers
 
-    return played(run())
+    return played(run(), _opened)
 
 
 def length_framed(body: bytes, *extra: str) -> bytes:
@@ -288,7 +255,7 @@ def test_a_request_cancelled_midway_closes_its_connection() -> None:
                 await route.send(b"{}")
         return served, (await route.send(b"{}")).body
 
-    served, body = played(run())
+    served, body = played(run(), _opened)
 
     assert body == COMPLETION
     assert served.connections == 2
@@ -381,7 +348,7 @@ def test_with_the_proxy_opted_in_requests_go_through_it_with_its_credentials(
         route = Route("POST", served.url, {})
         return proxy, served, [(await route.send(b"{}")).body for _ in range(2)]
 
-    proxy, served, bodies = played(run())
+    proxy, served, bodies = played(run(), _opened)
 
     assert bodies == [COMPLETION] * 2
     assert len(proxy.asked) == 1 and served.connections == 1
@@ -408,7 +375,7 @@ def test_without_opting_in_or_for_a_host_no_proxy_names_requests_go_direct(
         return proxy, served
 
     for opt_in in (False, True):
-        proxy, served = played(run(opt_in))
+        proxy, served = played(run(opt_in), _opened)
         assert proxy.asked == [] and served.connections == 1
 
 

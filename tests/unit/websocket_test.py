@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import gc
 import hashlib
-import warnings
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import chat_core._http
 import chat_core._net
@@ -19,10 +16,9 @@ import chat_core._websocket
 import pytest
 from chat_core._websocket import Closed, HandshakeRefused, open_session
 from test_support.proxy import started_proxy
+from test_support.raw_servers import BOUND_S, Opened, played
 from test_support.waits import free_port
 
-T = TypeVar("T")
-BOUND_S = 10.0
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
@@ -96,34 +92,9 @@ async def served(serving: Serving, *, answer: Callable[[str], bytes] | None = No
     return f"ws://127.0.0.1:{port}/ws", peers
 
 
-_opened: list[asyncio.Server | asyncio.StreamWriter] = []
-
-
-def played(work: Awaitable[T]) -> T:
-    """What ``work`` gives, in an event loop of its own within ``BOUND_S``, its servers closed before the loop
-    ends."""
-
-    async def bounded() -> T:
-        try:
-            async with asyncio.timeout(BOUND_S):
-                return await work
-        finally:
-            while _opened:
-                opened = _opened.pop()
-                opened.close()
-                if isinstance(opened, asyncio.Server):
-                    await opened.wait_closed()
-
-    return asyncio.run(bounded())
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_unclosed() -> Iterator[None]:
-    with warnings.catch_warnings(record=True) as warned:
-        warnings.simplefilter("always", ResourceWarning)
-        yield
-        gc.collect()
-    assert [str(each.message) for each in warned if issubclass(each.category, ResourceWarning)] == []
+_opened: list[Opened] = []
+pytest_plugins = ["test_support.pytest_plugin"]
+pytestmark = pytest.mark.usefixtures("nothing_left_unclosed")
 
 
 def test_a_fragmented_message_is_read_whole_and_a_ping_between_its_fragments_answered_at_once() -> None:
@@ -141,7 +112,7 @@ def test_a_fragmented_message_is_read_whole_and_a_ping_between_its_fragments_ans
         await session.close()
         return message, peers
 
-    message, peers = played(run())
+    message, peers = played(run(), _opened)
 
     assert message == b'{"type": "observation", "data": {}}'
     assert peers[0].received[0] == (0xA, b"are you there")
@@ -163,7 +134,7 @@ def test_messages_of_any_length_go_both_ways_intact(size: int) -> None:
         await session.close()
         return echoed
 
-    assert played(run()) == text[::-1]
+    assert played(run(), _opened) == text[::-1]
 
 
 def test_a_message_that_comes_with_the_handshakes_answer_is_kept() -> None:
@@ -187,7 +158,7 @@ def test_a_message_that_comes_with_the_handshakes_answer_is_kept() -> None:
         await session.close()
         return first, then
 
-    first, then = played(run())
+    first, then = played(run(), _opened)
 
     assert first == refusal
     assert then == Closed(1013, "")
@@ -210,25 +181,31 @@ def test_the_servers_close_frame_ends_the_session_with_its_code_and_reason_and_i
             await asyncio.sleep(0.01)
         return ended, again, peers
 
-    ended, again, peers = played(run())
+    ended, again, peers = played(run(), _opened)
 
     assert ended == again == Closed(1011, "keepalive ping timeout")
     assert str(ended) == "close code 1011 (keepalive ping timeout)"
     assert peers[0].received == [(0x8, (1011).to_bytes(2, "big"))]
 
 
-def test_a_connection_dropped_without_a_close_frame_ends_the_session_saying_so() -> None:
-    async def serving(peer: Peer) -> None:
-        peer.writer.transport.abort()
+def first_message(serving: Serving) -> bytes | Closed:
+    """The first message of a session the server plays with ``serving``; the session closed after it."""
 
     async def run() -> bytes | Closed:
         url, _ = await served(serving)
         session = await open_session(url)
-        ended = await session.next_message(BOUND_S)
+        message = await session.next_message(BOUND_S)
         await session.close()
-        return ended
+        return message
 
-    ended = played(run())
+    return played(run(), _opened)
+
+
+def test_a_connection_dropped_without_a_close_frame_ends_the_session_saying_so() -> None:
+    async def serving(peer: Peer) -> None:
+        peer.writer.transport.abort()
+
+    ended = first_message(serving)
 
     assert isinstance(ended, Closed) and ended.code is None
     assert "dropped without a close frame" in str(ended)
@@ -248,14 +225,7 @@ def test_a_frame_outside_the_protocol_ends_the_session_saying_why(frame: bytes, 
     async def serving(peer: Peer) -> None:
         peer.writer.write(frame)
 
-    async def run() -> bytes | Closed:
-        url, _ = await served(serving)
-        session = await open_session(url)
-        ended = await session.next_message(BOUND_S)
-        await session.close()
-        return ended
-
-    ended = played(run())
+    ended = first_message(serving)
 
     assert isinstance(ended, Closed) and says in str(ended)
 
@@ -277,8 +247,8 @@ def test_closing_sends_a_normal_close_and_waits_for_the_servers_then_gives_up(mo
         await session.close()
         return asyncio.get_running_loop().time() - began, peers
 
-    answered_in, answered = played(run(answers_close))
-    ignored_in, ignored = played(run(ignores_close))
+    answered_in, answered = played(run(answers_close), _opened)
+    ignored_in, ignored = played(run(ignores_close), _opened)
 
     assert answered[0].received == ignored[0].received == [(0x8, (1000).to_bytes(2, "big"))]
     assert answered_in < 0.25 <= ignored_in
@@ -304,7 +274,7 @@ def test_a_handshake_that_doesnt_open_a_session_is_refused(answer: Callable[[str
         await open_session(url)
 
     with pytest.raises(HandshakeRefused) as raised:
-        played(run())
+        played(run(), _opened)
 
     assert says in str(raised.value)
 
@@ -323,7 +293,7 @@ def test_waiting_past_the_deadline_raises_timeout_and_a_later_message_still_come
         await session.close()
         return late
 
-    assert played(run()) == b"late"
+    assert played(run(), _opened) == b"late"
 
 
 def test_with_the_proxy_opted_in_a_session_is_tunnelled_through_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -341,18 +311,16 @@ def test_with_the_proxy_opted_in_a_session_is_tunnelled_through_it(monkeypatch: 
 
     async def run() -> tuple[list[str], bytes | Closed, str]:
         proxy = await started_proxy(port)
-        try:
-            url, _ = await served(echoes)
-            session = await open_session(url)
-            session.send_text(b"through")
-            echoed = await session.next_message(BOUND_S)
-            await session.close()
-            return proxy.asked, echoed, url
-        finally:
-            await proxy.close()
+        _opened.append(proxy)
+        url, _ = await served(echoes)
+        session = await open_session(url)
+        session.send_text(b"through")
+        echoed = await session.next_message(BOUND_S)
+        await session.close()
+        return proxy.asked, echoed, url
 
     try:
-        asked, echoed, url = played(run())
+        asked, echoed, url = played(run(), _opened)
     finally:
         chat_core._net.proxy_from_env.cache_clear()
         chat_core._http._environment_proxies.cache_clear()

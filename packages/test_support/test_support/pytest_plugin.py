@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from . import raw_servers
 from .env_server import ServedBundle, serve_bundle
 from .scripted_model import ScriptedModel
 
@@ -34,3 +35,10 @@ def scripted_model() -> Iterator[ScriptedModel]:
     """A scripted model with no script yet, closed after the test."""
     with ScriptedModel() as model:
         yield model
+
+
+@pytest.fixture
+def nothing_left_unclosed() -> Iterator[None]:
+    """The test leaves no socket or transport for the garbage collector to find unclosed."""
+    with raw_servers.nothing_left_unclosed():
+        yield
