@@ -175,7 +175,7 @@ def test_every_sample_task_earns_its_reward(
 def test_the_timings_add_up_to_the_wall_time(
     sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
 ) -> None:
-    """Connecting, closing and the chat client's set-up are counted in env_s or model_s, so what is left of wall_s
+    """Connecting and closing are counted in env_s or model_s, so what is left of wall_s
     is the loop's own work: a few milliseconds of CPU, whatever the server's close takes."""
     results = [
         _play(sample_env, rows[task], scripted_model, SCRIPTS[task], session=f"timed-{task}-{n}")

@@ -157,9 +157,9 @@ class TurnCounts:
 class Timings:
     """Seconds spent: inside env calls (``env_s``: connecting, or taking a parked session, every step, and closing or
     parking the session, waiting for a free session aside), waiting for the model (``model_s``: every chat request),
-    waiting for a free env session (``capacity_wait_s``), and in all (``wall_s``); the event loop's one client is
-    made by whichever of these comes first, normally the loop's first reset. What ``wall_s`` holds beyond the other
-    three is the loop's own work."""
+    waiting for a free env session (``capacity_wait_s``), and in all (``wall_s``); the event loop's connections are
+    opened inside whichever of these first needs them. What ``wall_s`` holds beyond the other three is the loop's own
+    work."""
 
     env_s: float = 0.0
     model_s: float = 0.0

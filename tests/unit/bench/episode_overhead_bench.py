@@ -4,11 +4,11 @@ loop's own: ``play`` with its env session and chat client. Each episode is 2 tur
 
 It prints, for 1, 32, 256 and 1,024 concurrent episodes with a model that answers at once, the driver's CPU per
 model turn (min and median of 3 runs) in two rounds of episodes played one after the other in one event loop: the
-first round opens a WebSocket session for each episode playing at once (and pays for the loop's client and its
-shutdown), the second starts on the sessions the first parked, as a rollout's or an evaluate's episodes beyond the
-first N do. Then the loop's own wall time per turn from ``EpisodeResult.timings`` (wall - env - model - capacity
-wait); then 1,024 episodes with 2 s model turns, one round, with the cores the driver used; then ``prepare``'s tasks
-per second from a stand-in of 10,000 tasks at two ``--concurrency`` values.
+first round opens a WebSocket session and a chat connection for each episode playing at once (and pays for the
+loop's shutdown), the second starts on the sessions the first parked, as a rollout's or an evaluate's episodes
+beyond the first N do. Then the loop's own wall time per turn from ``EpisodeResult.timings`` (wall - env - model -
+capacity wait); then 1,024 episodes with 2 s model turns, one round, with the cores the driver used; then
+``prepare``'s tasks per second from a stand-in of 10,000 tasks at two ``--concurrency`` values.
 
 Run: ``./bazelw run //tests/unit/bench:episode_overhead [-- --smoke]``; ``--smoke`` runs every part on a few
 episodes, once. ``--record`` plays the stand-in's task once on agent-env's real server through a relay and writes
@@ -102,8 +102,8 @@ async def play_all(rows: list[dict[str, Any]], model_url: str, episodes: int, co
 
 def run(rows: list[dict[str, Any]], model_url: str, episodes: int, concurrency: int, rounds: int = 1) -> list[Run]:
     """``rounds`` rounds of ``episodes`` episodes, one after the other in one fresh event loop. The first round's
-    run counts whatever the loop sets up once (its client, and a WebSocket session per episode playing at once) and
-    the loop's shutdown; each later round starts on the sessions the one before parked, as the episodes of a
+    run counts whatever the loop sets up once (a WebSocket session and a chat connection per episode playing at once)
+    and the loop's shutdown; each later round starts on the sessions the one before parked, as the episodes of a
     rollout or an evaluate beyond the first ``concurrency`` do. Raises SystemExit when an episode isn't scored: the
     benchmark measures only episodes played through."""
     later: list[Run] = []
