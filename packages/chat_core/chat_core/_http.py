@@ -204,7 +204,7 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
-        if self._waiter is None:
+        if self._waiter is None or self._waiter.done():
             self.drop()
             return
         try:
