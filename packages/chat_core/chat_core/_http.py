@@ -29,6 +29,7 @@ from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
 from chat_core._net import idle_connections, proxy_from_env
+from chat_core._wire import described
 
 _MAX_HEAD_BYTES = 64 * 1024
 C = TypeVar("C", bound="Connection")
@@ -124,7 +125,7 @@ async def connect(
     except ConnectionError as e:
         raise ConnectionRefused(f"{where[0]}:{where[1]} refused the connection ({e})") from None
     except OSError as e:
-        raise HttpError(f"can't connect to {where[0]}:{where[1]} ({_described(e)})") from None
+        raise HttpError(f"can't connect to {where[0]}:{where[1]} ({described(e)})") from None
     if proxy is not None and (secure or tunnel):
         await _tunnel(connection, host, port, proxy, secure)
     return connection
@@ -226,7 +227,7 @@ class Connection(asyncio.Protocol):
             self._fail(e)
             return
         if not self._waiter.done():
-            why = f": {_described(exc)}" if exc is not None else ""
+            why = f": {described(exc)}" if exc is not None else ""
             if self._head is None and not self._buffer:
                 self._fail(_Stale(f"the endpoint closed the connection without answering{why}"))
             else:
@@ -367,7 +368,3 @@ def _environment_proxies() -> dict[str, str]:
 def _tls_context() -> ssl.SSLContext:
     """The system's trusted certificates (``SSL_CERT_FILE`` names others), loaded once per process."""
     return ssl.create_default_context()
-
-
-def _described(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__

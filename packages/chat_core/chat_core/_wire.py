@@ -19,6 +19,11 @@ def wire_text(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
+def described(error: BaseException) -> str:
+    """An exception as text for an error message: its type, and what it says when it says anything."""
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
 def parse_json(text: str | bytes) -> Any:
     """``text`` parsed as JSON. Raises ValueError when it isn't JSON or is nested too deeply to parse."""
     try:

@@ -28,7 +28,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from chat_core._http import ConnectionRefused, HttpError, Route
-from chat_core._wire import encoded, parse_json, wire_text
+from chat_core._wire import described, encoded, parse_json, wire_text
 from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
 from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation, server_url
 from chat_core.pool import EnvPool, PooledSession, env_servers
@@ -109,6 +109,11 @@ class ChatEndpoint:
     url: str
     model: str
     headers: Mapping[str, str] = field(default_factory=dict)
+
+    def route(self) -> Route:
+        """Its chat requests' route: JSON bodies with ``headers``. Raises ValueError as ``chat_core._http.Route``
+        does."""
+        return Route("POST", self.url, {"Content-Type": "application/json", **self.headers})
 
 
 @dataclass(frozen=True)
@@ -301,7 +306,7 @@ class _Game:
     ):
         self.result = EpisodeResult(episode=episode)
         self._chat = chat
-        self._route = Route("POST", chat.url, {"Content-Type": "application/json", **chat.headers})
+        self._route = chat.route()
         self._body_head = encoded({**sampling, "model": chat.model})[:-1] + b',"messages":['
         self._said: list[bytes] = []
         self._limits = limits
@@ -483,7 +488,7 @@ class _Game:
         except HttpError as e:
             self.fail(
                 FlagKind.SESSION_FAILED,
-                f"the chat request to {self._chat.url} failed: {_described(e)}{self._retried()}",
+                f"the chat request to {self._chat.url} failed: {described(e)}{self._retried()}",
             )
             return None
         finally:
@@ -646,10 +651,6 @@ def _kind_of(error: OpenEnvError) -> FlagKind:
     if isinstance(error, ServerUnreachable):
         return FlagKind.ENV_UNREACHABLE
     return FlagKind.PROTOCOL_ERROR
-
-
-def _described(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 def _clipped(value: Any) -> str:

@@ -29,7 +29,7 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from chat_core._cli import positive_int
-from chat_core._http import HttpError, Route
+from chat_core._http import HttpError
 from chat_core._wire import encoded, parse_json, wire_text
 from chat_core.episode import _RESERVED_BODY_KEYS, ChatEndpoint, Limits, play
 from chat_core.metrics import episode_metrics
@@ -141,7 +141,7 @@ async def preflight(chat: ChatEndpoint, sampling: Mapping[str, Any]) -> None:
     limit = "max_completion_tokens" if "max_completion_tokens" in sampling else "max_tokens"
     body = {**sampling, "model": chat.model, "messages": [{"role": "user", "content": "Say OK."}], limit: 1}
     try:
-        route = Route("POST", chat.url, {"Content-Type": "application/json", **chat.headers})
+        route = chat.route()
     except ValueError as e:
         raise EvaluateError(str(e)) from None
     began = time.monotonic()

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from chat_core._http import HttpError, Route
 from chat_core._net import park, unpark
 from chat_core._websocket import Closed, HandshakeRefused, WebSocket, open_session
-from chat_core._wire import encoded, parse_json, wire_text
+from chat_core._wire import described, encoded, parse_json, wire_text
 from chat_core.errors import (
     CapacityExhausted,
     EnvCallTimeout,
@@ -177,11 +177,9 @@ class OpenEnvServer:
             async with asyncio.timeout(self._timeout_s):
                 answer = await route.send(b"" if body is None else encoded(body))
         except TimeoutError as e:
-            raise ServerUnreachable(
-                f"{self.url} didn't answer in time when asked for {what}: {_described(e)}"
-            ) from None
+            raise ServerUnreachable(f"{self.url} didn't answer in time when asked for {what}: {described(e)}") from None
         except HttpError as e:
-            raise ServerUnreachable(f"can't reach {self.url} to ask for {what}: {_described(e)}") from None
+            raise ServerUnreachable(f"can't reach {self.url} to ask for {what}: {described(e)}") from None
         status, raw = answer.status, answer.body
         if self._env_name is None and 400 <= status < 500:
             raise NotAnOpenEnvServer(
@@ -318,7 +316,7 @@ class EpisodeSession:
                 f"{self._ws_url} doesn't take WebSocket sessions as an OpenEnv server does: {e}"
             ) from None
         except (HttpError, TimeoutError) as e:
-            raise ServerUnreachable(f"can't open a session at {self._ws_url}: {_described(e)}") from None
+            raise ServerUnreachable(f"can't open a session at {self._ws_url}: {described(e)}") from None
 
     async def _first_answer(self, message: dict[str, Any]) -> dict[str, Any]:
         """The server's first frame: a full server sends its refusal as soon as the connection opens, possibly
@@ -338,7 +336,7 @@ class EpisodeSession:
         try:
             connection.send_text(encoded(message))
         except ConnectionError as e:
-            raise SessionDropped(f"the session closed before {what} could be sent: {_described(e)}") from None
+            raise SessionDropped(f"the session closed before {what} could be sent: {described(e)}") from None
         try:
             answer = await connection.next_message(self._call_deadline_s)
         except TimeoutError:
@@ -455,10 +453,6 @@ def _detail(raw: bytes) -> str:
     except (ValueError, AttributeError):
         detail = None
     return str(detail) if detail else _excerpt(wire_text(raw))
-
-
-def _described(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 def _excerpt(value: Any, limit: int = 200) -> str:
