@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import hashlib
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -211,6 +213,29 @@ def test_a_connection_dropped_without_a_close_frame_ends_the_session_saying_so()
     assert "dropped without a close frame" in str(ended)
 
 
+def test_a_dropped_session_is_freed_at_once_though_its_deadline_is_far_off() -> None:
+    async def serving(peer: Peer) -> None:
+        await peer.frame()
+        peer.send(0x1, b"answer")
+        await peer.frame()
+        peer.writer.transport.abort()
+
+    async def run() -> tuple[bytes | Closed, bool]:
+        url, _ = await served(serving)
+        session = await open_session(url)
+        session.send_text(b"call")
+        answer = await session.next_message(600)
+        session.send_text(b"call")
+        ended = await session.next_message(600)
+        await asyncio.sleep(0)
+        left = weakref.ref(session)
+        del session
+        gc.collect()
+        return answer, isinstance(ended, Closed) and left() is None
+
+    assert played(run(), _opened) == (b"answer", True)
+
+
 @pytest.mark.parametrize(
     ("frame", "says"),
     [
@@ -294,6 +319,42 @@ def test_waiting_past_the_deadline_raises_timeout_and_a_later_message_still_come
         return late
 
     assert played(run(), _opened) == b"late"
+
+
+def test_each_wait_keeps_its_own_deadline_whatever_the_waits_before_it_asked() -> None:
+    """The session's one alarm is set by earlier waits: it must neither hold a shorter deadline back, nor end a
+    wait that began after it was set, nor end a wait that has no deadline."""
+
+    async def serving(peer: Peer) -> None:
+        while True:
+            opcode, asked = await peer.frame()
+            if opcode != 0x1:
+                return
+            if asked != b"never":
+                await asyncio.sleep(float(asked))
+                peer.send(0x1, asked)
+
+    async def run() -> list[object]:
+        url, _ = await served(serving)
+        session = await open_session(url)
+
+        async def answer(delay: str, deadline_s: float | None) -> object:
+            session.send_text(delay.encode())
+            try:
+                return await session.next_message(deadline_s)
+            except TimeoutError:
+                return "timed out"
+
+        loop = asyncio.get_running_loop()
+        seen: list[object] = [await answer("0", 30)]
+        began = loop.time()
+        seen += [await answer("never", 0.2), loop.time() - began < 2]
+        seen += [await answer("0", 0.3), await answer("0.6", None)]
+        seen += [await answer("0.6", 1.0), await answer("0.6", 1.0)]
+        await session.close()
+        return seen
+
+    assert played(run(), _opened) == [b"0", "timed out", True, b"0", b"0.6", b"0.6", b"0.6"]
 
 
 def test_with_the_proxy_opted_in_a_session_is_tunnelled_through_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -86,6 +86,8 @@ class WebSocket(Connection):
         self._fragments: list[bytes] | None = None
         self._ended: Closed | None = None
         self._gone: asyncio.Future[None] | None = None
+        self._due: float | None = None
+        self._alarm: asyncio.TimerHandle | None = None
 
     def send_text(self, payload: bytes) -> None:
         """Write ``payload`` (UTF-8 text) as one message. Raises ConnectionError once the session has ended."""
@@ -95,9 +97,12 @@ class WebSocket(Connection):
 
     async def next_message(self, deadline_s: float | None) -> bytes | Closed:
         """The server's next message, waiting for it if it hasn't come; a Closed once the session has ended.
-        Raises TimeoutError when none comes within ``deadline_s`` (None: no limit). The deadline is a timer on the
-        waiting future: an ``asyncio.timeout`` per call left four objects per call alive past the wait, and with a
-        thousand episodes in flight those reach the garbage collector's oldest generation."""
+        Raises TimeoutError when none comes within ``deadline_s`` (None: no limit).
+
+        One alarm per session keeps the deadlines, rung no later than the current wait's and re-armed from there
+        when that wait began after it was set: a timer per call cost more than reading the answer, and with a
+        thousand episodes in flight those timers reached the garbage collector's oldest generation. An env call's
+        answer comes in milliseconds and its deadline is seconds away, so the alarm rings about once a deadline."""
         if self._arrived:
             return self._arrived.popleft()
         if self._ended is not None:
@@ -105,12 +110,12 @@ class WebSocket(Connection):
         loop = asyncio.get_running_loop()
         waiter = self._message_waiter = loop.create_future()
         if deadline_s is None:
-            return await waiter
-        timer = loop.call_later(deadline_s, _time_out, waiter, context=_TIMER_CONTEXT)
-        try:
-            return await waiter
-        finally:
-            timer.cancel()
+            self._due = None
+        else:
+            self._due = due = loop.time() + deadline_s
+            if self._alarm is None or self._alarm.when() > due:
+                self._set_alarm(loop, due)
+        return await waiter
 
     async def close(self) -> None:
         """End the session: a close frame (1000), then up to 2 s for the server's own before the connection is
@@ -132,9 +137,9 @@ class WebSocket(Connection):
         if self._upgraded and self._buffer:
             self._read_frames()
 
-    def data_received(self, data: bytes) -> None:
+    def received(self, data: memoryview) -> None:
         if not self._upgraded:
-            super().data_received(data)
+            super().received(data)
             return
         self._buffer += data
         self._read_frames()
@@ -144,6 +149,8 @@ class WebSocket(Connection):
             super().connection_lost(exc)
             return
         self.open = False
+        if self._alarm is not None:
+            self._alarm.cancel()
         why = f": {type(exc).__name__}: {exc}" if exc is not None else ""
         self._end(Closed(None, f"the connection dropped without a close frame{why}"))
         if self._gone is not None and not self._gone.done():
@@ -217,6 +224,24 @@ class WebSocket(Connection):
         self._end(Closed(None, why))
         self.transport.close()
 
+    def _set_alarm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._alarm is not None:
+            self._alarm.cancel()
+        self._alarm = loop.call_at(when, self._ring, context=_TIMER_CONTEXT)
+
+    def _ring(self) -> None:
+        """Time the current wait out if its deadline has passed, else ring again at its deadline."""
+        self._alarm = None
+        waiter = self._message_waiter
+        if waiter is None or waiter.done() or self._due is None:
+            return
+        loop = waiter.get_loop()
+        if loop.time() >= self._due:
+            self._message_waiter = None
+            waiter.set_exception(TimeoutError())
+        else:
+            self._set_alarm(loop, self._due)
+
     def _write(self, opcode: int, payload: bytes) -> None:
         size = len(payload)
         if size < 126:
@@ -229,8 +254,3 @@ class WebSocket(Connection):
         key = (mask * (size // 4 + 1))[:size]
         masked = (int.from_bytes(payload, "big") ^ int.from_bytes(key, "big")).to_bytes(size, "big")
         self.transport.write(head + mask + masked)
-
-
-def _time_out(waiter: asyncio.Future[bytes | Closed]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())

@@ -1,11 +1,13 @@
 """What the client tests' raw servers run in: an event loop of its own per test, bounded in time, whose servers and
-connections are all closed before it ends (``played``), and the check that a test left nothing for the garbage
+connections are all closed before it ends, and which fails the test when the client raised in one of the loop's
+callbacks, where the loop would only log it (``played``); and the check that a test left nothing for the garbage
 collector to find unclosed (``nothing_left_unclosed``, a fixture of ``pytest_plugin``)."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import traceback
 import warnings
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
@@ -26,9 +28,20 @@ Opened = asyncio.Server | asyncio.StreamWriter | Closable
 def played(work: Awaitable[T], opened: list[Opened]) -> T:
     """What ``work`` gives, run in an event loop of its own within ``BOUND_S``; everything in ``opened`` (servers,
     their connections' writers, and anything with an async ``close``, such as a proxy) is closed before the loop
-    ends, however ``work`` ended."""
+    ends, however ``work`` ended. Raises AssertionError when chat_core raised in a callback of the loop (the test
+    servers' own errors, such as a connection the client reset, are theirs to show)."""
+    raised: list[str] = []
+
+    def noted(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+        error = context.get("exception")
+        if isinstance(error, BaseException):
+            frames = traceback.extract_tb(error.__traceback__)
+            if any("/chat_core/" in frame.filename for frame in frames):
+                raised.append("".join(traceback.format_exception(error)))
+        loop.default_exception_handler(context)
 
     async def bounded() -> T:
+        asyncio.get_running_loop().set_exception_handler(noted)
         try:
             async with asyncio.timeout(BOUND_S):
                 return await work
@@ -42,7 +55,9 @@ def played(work: Awaitable[T], opened: list[Opened]) -> T:
                 else:
                     await each.close()
 
-    return asyncio.run(bounded())
+    value = asyncio.run(bounded())
+    assert raised == [], f"chat_core raised in the event loop's callbacks:\n{raised[0]}"
+    return value
 
 
 @contextmanager
