@@ -27,7 +27,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from chat_core._net import idle_connections, proxy_from_env
 from chat_core._wire import described
@@ -68,8 +68,7 @@ class Route:
         if "@" in parts.netloc:
             raise ValueError(f"the URL {url!r} holds credentials; send them in a header instead")
         self.url = url
-        self._origin = (parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
-        self._proxy = proxy_of(parts.scheme, parts.hostname) if proxy_from_env() else None
+        self._origin, self._proxy = origin_and_proxy(parts)
         authority = parts.netloc
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         sent = {**_ASKED, **headers}
@@ -106,6 +105,16 @@ class Route:
 
     async def _connect(self) -> Connection:
         return await connect(Connection, self._origin, self._proxy)
+
+
+def origin_and_proxy(parts: SplitResult) -> tuple[tuple[str, str, int], Proxy | None]:
+    """The origin (scheme, host, port) of the http(s) or ws(s) URL split as ``parts``, and the proxy connections to
+    it go through: the one the environment names for its host when ``CHAT_CORE_PROXY_FROM_ENV=1`` (a ws or wss URL
+    takes http's or https'), else None."""
+    secure = parts.scheme in ("https", "wss")
+    origin = (parts.scheme, parts.hostname, parts.port or (443 if secure else 80))
+    proxy = _proxy_of("https" if secure else "http", parts.hostname) if proxy_from_env() else None
+    return origin, proxy
 
 
 async def connect(
@@ -181,7 +190,7 @@ class Connection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.open = True
         self._buffer = bytearray()
-        self._into = _receive_buffer()
+        self._into = _per_thread.receive_buffer
         self._waiter: asyncio.Future[Answer] | None = None
         self._head: _Head | None = None
         self._head_only = False
@@ -295,17 +304,17 @@ class Connection(asyncio.BufferedProtocol):
 
 
 _RECEIVE_BYTES = 256 * 1024
-_per_thread = threading.local()
 
 
-def _receive_buffer() -> memoryview:
-    """This thread's receive buffer: its event loop reads one connection at a time and consumes what it read before
+class _PerThread(threading.local):
+    """Each thread's receive buffer: its event loop reads one connection at a time and consumes what it read before
     reading the next."""
-    try:
-        return _per_thread.receive_buffer
-    except AttributeError:
-        _per_thread.receive_buffer = memoryview(bytearray(_RECEIVE_BYTES))
-        return _per_thread.receive_buffer
+
+    def __init__(self) -> None:
+        self.receive_buffer = memoryview(bytearray(_RECEIVE_BYTES))
+
+
+_per_thread = _PerThread()
 
 
 def _head_of(raw: bytes) -> _Head:
@@ -370,7 +379,7 @@ class Proxy:
     authorization: dict[str, str]
 
 
-def proxy_of(scheme: str, host: str) -> Proxy | None:
+def _proxy_of(scheme: str, host: str) -> Proxy | None:
     """The proxy the environment names for ``scheme`` URLs on ``host``; None when it names none or ``NO_PROXY``
     leaves ``host`` out."""
     proxies = _environment_proxies()

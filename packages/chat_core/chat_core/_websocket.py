@@ -19,8 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from chat_core._http import Answer, Connection, connect, proxy_of
-from chat_core._net import proxy_from_env
+from chat_core._http import Answer, Connection, connect, origin_and_proxy
 
 _ACCEPT_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 _TEXT, _BINARY, _CONTINUATION, _CLOSE, _PING, _PONG = 0x1, 0x2, 0x0, 0x8, 0x9, 0xA
@@ -51,10 +50,7 @@ async def open_session(url: str) -> WebSocket:
     ``CHAT_CORE_PROXY_FROM_ENV=1`` names one for its host. Raises HandshakeRefused when what answers doesn't open a
     session, and ``chat_core._http``'s HttpError when the server can't be reached."""
     parts = urlsplit(url)
-    secure = parts.scheme == "wss"
-    origin = (parts.scheme, parts.hostname, parts.port or (443 if secure else 80))
-    proxy = proxy_of("https" if secure else "http", parts.hostname) if proxy_from_env() else None
-    session = await connect(WebSocket, origin, proxy, tunnel=True)
+    session = await connect(WebSocket, *origin_and_proxy(parts), tunnel=True)
     key = base64.b64encode(os.urandom(16)).decode()
     request = (
         f"GET {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
