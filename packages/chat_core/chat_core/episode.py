@@ -324,7 +324,7 @@ class _Game:
         except TimeoutError:
             self.fail(
                 FlagKind.MODEL_DEADLINE,
-                f"the model took more than model_deadline_s={self._limits.model_deadline_s:g} s in all; the episode "
+                f"the model took more than model_deadline_s={self._limits.model_deadline_s} s in all; the episode "
                 f"was abandoned in turn {len(self.result.turns)}",
             )
             return None
