@@ -1,7 +1,7 @@
 """What a slime rollout process spends per model turn with slime's real ``OpenAIAdapter`` in the loop: a benchmark,
 not a test.
 
-Each measured process is a worker playing the stand-in env's task (2 turns x 3 tool calls, 4 model turns) through
+Each measured process is a worker playing the stand-in env's task (2 turns x 3 tool calls, 8 model turns) through
 ``slime_helper.generate.generate`` exactly as slime's rollout does: on slime's own background event loop, with the
 adapter slime_helper serves on a thread of its own in the same process, from a launch parsed by slime's
 ``parse_args`` (Qwen3-0.6B's shape, Qwen3's tokenizer, thinking off, ``qwen25`` tool parser). Only its neighbours are
@@ -51,22 +51,34 @@ _READY_S = 60.0
 
 
 def script() -> list[Any]:
-    """The replies that play the stand-in env's recorded task: per turn, its three tool calls, then its answer."""
-    from test_support import text, tool_call, tool_calls
+    """The replies that play the stand-in env's recorded task: per turn, its three tool calls one reply each (slime's
+    adapter passes on a reply's first tool call only), then its answer."""
+    from test_support import text, tool_call
 
     steps: list[Any] = []
     for calls, reply in zip(stand_in.TOOL_CALLS, stand_in.REPLIES, strict=True):
-        steps += [tool_calls(*(tool_call(name, arguments) for name, arguments in calls)), text(reply)]
+        steps += [*(tool_call(name, arguments) for name, arguments in calls), text(reply)]
     return steps
 
 
 def serve_sglang(checkpoint: Path, port_file: Path) -> None:
-    """The stand-in SGLang, every session playing ``script()``, until killed."""
+    """The stand-in SGLang, every session playing ``script()``, until killed. Its replies end without Qwen3's
+    ``<|im_end|>``, which slime's adapter would leave in a reply's text and the frames env would refuse in the
+    ``end_turn`` it doesn't hold."""
     from sglang_stand_in import StandInSGLang
     from slime.utils.processing_utils import load_tokenizer
 
+    class Unterminated(StandInSGLang):
+        def _generated(self, reply: Any, body: dict[str, Any]) -> dict[str, Any]:
+            generated = super()._generated(reply, body)
+            meta = generated["meta_info"]
+            meta["output_token_logprobs"] = meta["output_token_logprobs"][:-1]
+            generated["output_ids"] = generated["output_ids"][:-1]
+            meta["completion_tokens"] -= 1
+            return generated
+
     steps = script()
-    with StandInSGLang(load_tokenizer(str(checkpoint), trust_remote_code=True), script_of=lambda _: steps) as server:
+    with Unterminated(load_tokenizer(str(checkpoint), trust_remote_code=True), script_of=lambda _: steps) as server:
         port_file.with_suffix(".tmp").write_text(str(server.port))
         port_file.with_suffix(".tmp").rename(port_file)
         threading.Event().wait()
@@ -132,7 +144,7 @@ def worker(options: argparse.Namespace) -> None:
                 samples = await generate(args, sample, sampling)
             outcome = samples[0].metadata["episode_outcome"]
             if not outcome["scored"]:
-                raise SystemExit(f"an episode wasn't scored: {outcome['flags']}")
+                raise RuntimeError(f"an episode wasn't scored: {outcome['flags']}")
             return outcome["model_calls"]
 
         return sum(await asyncio.gather(*(one(number) for number in range(episodes))))
