@@ -120,11 +120,13 @@ _loops: dict[asyncio.AbstractEventLoop, _LoopNet] = {}
 async def http_session() -> aiohttp.ClientSession:
     """The running event loop's aiohttp client session: no limit on connections (the episodes in flight bound
     them), idle connections kept ``KEEPALIVE_S``, connects bounded by ``CONNECT_S``, answer heads by
-    ``MAX_HEAD_LINE_BYTES`` and ``MAX_HEADERS``. Requests and their answers' bodies are bounded by their callers."""
+    ``MAX_HEAD_LINE_BYTES`` and ``MAX_HEADERS``, no cookies kept (no endpoint chat_core talks to sets one, and
+    keeping them costs every request). Requests and their answers' bodies are bounded by their callers."""
     net = await _net()
     if net.http is None:
         net.http = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
+            cookie_jar=aiohttp.DummyCookieJar(),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_S),
             max_line_size=MAX_HEAD_LINE_BYTES,
             max_field_size=MAX_HEAD_LINE_BYTES,
