@@ -96,11 +96,11 @@ def tls_context() -> ssl.SSLContext:
 
 
 class Parkable(Protocol):
-    """A connection the loop can keep for later, close, and drop at the loop's end."""
+    """A connection the loop can keep for later, close, and close at once at the loop's end."""
 
     async def close(self) -> None: ...
 
-    def drop(self) -> None: ...
+    def close_now(self) -> None: ...
 
 
 @dataclass
@@ -178,10 +178,10 @@ def _expire(net: _LoopNet, url: str, connection: Parkable) -> None:
 
 async def _held_net(loop: asyncio.AbstractEventLoop) -> AsyncGenerator[None, None]:
     """Suspended until the loop's ``shutdown_asyncgens`` closes it, the one hook asyncio gives for work at a loop's
-    end, and then closes the loop's connections: the parked sessions are dropped (their closing handshake would
-    need work the loop no longer takes at this point; each server sees its session end either way), the closings
-    under way finished, then the HTTP client session closed. The loop registers the generator when it first runs
-    it, and ``_loops`` holds it (the loop holds it only weakly) until then."""
+    end, and then closes the loop's connections: each parked session is sent its close frame and closed without
+    waiting for the server's (the loop takes no new async generators at this point, which websockets' own close
+    would start), the closings under way are finished, then the HTTP client session is closed. The loop registers
+    the generator when it first runs it, and ``_loops`` holds it (the loop holds it only weakly) until then."""
     try:
         yield
     finally:
@@ -189,7 +189,7 @@ async def _held_net(loop: asyncio.AbstractEventLoop) -> AsyncGenerator[None, Non
         if net is not None:
             for idle in net.parked.values():
                 for connection, _ in idle:
-                    connection.drop()
+                    connection.close_now()
             net.parked.clear()
             await asyncio.gather(*net.closing, return_exceptions=True)
             if net.http is not None:

@@ -157,6 +157,17 @@ class EnvSocket:
         """Close the connection at once, without the closing handshake and whatever is left unwritten."""
         self._connection.transport.abort()
 
+    def close_now(self) -> None:
+        """Write a close frame (1000) and close the connection once it is written, without waiting for the
+        server's: the close for an event loop's end, which takes no more waiting."""
+        protocol = self._connection.protocol
+        if protocol.state is State.OPEN:
+            protocol.send_close(CloseCode.NORMAL_CLOSURE)
+            for data in protocol.data_to_send():
+                if data:
+                    self._connection.transport.write(data)
+        self._connection.transport.close()
+
     def _why(self, closed: ConnectionClosed) -> str:
         """How the session ended, in the terms of chat_core's settings where one of them ended it."""
         if self._connection.unread_by_server:

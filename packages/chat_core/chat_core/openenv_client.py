@@ -330,10 +330,11 @@ class EpisodeSession:
         return frame
 
     def _started_observation(self, frame: dict[str, Any], split: str, index: int) -> Observation:
-        """The observation a reset's answer holds, checked to be for task ``index`` of ``split``."""
+        """The observation a reset's answer holds, checked to be for task ``index`` of ``split`` where it names the
+        task's place (agent-env's server does)."""
         observation = self._observation(frame, "reset")
-        task = observation.task
-        if task is not None and (task.get("split"), task.get("index")) != (split, index):
+        task = observation.task or {}
+        if "split" in task and "index" in task and (task["split"], task["index"]) != (split, index):
             raise EpisodeProtocolError(
                 f"the answer to the reset of task #{index} of split {split!r} is for task #{task.get('index')} of "
                 f"split {task.get('split')!r}: it isn't this reset's answer; the session was closed"
