@@ -251,8 +251,34 @@ def test_chat_core_loads_nothing_of_the_server() -> None:
 
     roots = {name.split(".")[0] for name in ast.literal_eval(loaded)}
     assert roots & {"agent_env", "openenv", "openai", "fastapi", "uvicorn", "test_support"} == set()
-    assert {"chat_core", "orjson", "tqdm"} <= roots
-    assert roots & {"aiohttp", "httpx", "websockets"} == set()
+    assert {"chat_core", "aiohttp", "websockets", "orjson", "tqdm"} <= roots
+
+
+def test_the_episode_record_filters_and_metrics_load_no_network_client() -> None:
+    # A trainer's filter and log functions run in processes that play no episode.
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, chat_core.filters, chat_core.metrics, chat_core.rows; print(sorted(sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+    modules = set(ast.literal_eval(loaded))
+    assert {name for name in modules if name.startswith("chat_core.")} == {
+        "chat_core._wire",
+        "chat_core.errors",
+        "chat_core.filters",
+        "chat_core.metrics",
+        "chat_core.outcome",
+        "chat_core.protocol",
+        "chat_core.results",
+        "chat_core.rows",
+    }
+    assert {name.split(".")[0] for name in modules} & {"aiohttp", "websockets", "ssl", "asyncio"} == set()
 
 
 class _TaskApi(LoopbackServer):

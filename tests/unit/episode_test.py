@@ -20,7 +20,7 @@ from typing import Any
 import chat_core._net
 import pytest
 from chat_core import ChatEndpoint, EpisodeResult, FlagKind, Limits, play
-from chat_core._net import IDLE_S, idle_connections
+from chat_core._net import IDLE_S, http_session
 from chat_core.openenv_client import EpisodeSession
 from chat_core.prepare import write_rows
 from test_support import (
@@ -190,28 +190,15 @@ def test_the_timings_add_up_to_the_wall_time(
         assert 0 <= own < 0.015, (result.episode.task_name, timings)
 
 
-class _Kept:
-    """A stand-in for a kept HTTP connection: it only notes being dropped."""
+def test_an_event_loops_http_client_session_is_its_own_and_closed_with_it() -> None:
+    async def sessions() -> tuple[Any, Any]:
+        return await http_session(), await http_session()
 
-    dropped = False
-
-    def drop(self) -> None:
-        self.dropped = True
-
-
-def test_an_event_loops_kept_connections_are_its_own_and_dropped_with_it() -> None:
-    endpoint = ("http", "model", 80)
-
-    async def kept_one() -> tuple[list[Any], list[Any]]:
-        idle = await idle_connections(endpoint)
-        idle.append(_Kept())
-        return idle, await idle_connections(endpoint)
-
-    first, again = asyncio.run(kept_one())
-    other, _ = asyncio.run(kept_one())
+    first, again = asyncio.run(sessions())
+    other, _ = asyncio.run(sessions())
 
     assert first is again and other is not first
-    assert [kept.dropped for kept in first + other] == [True, True]
+    assert first.closed and other.closed
 
 
 def test_an_ended_episodes_session_starts_the_next_episode_and_closes_once_idle(
@@ -312,6 +299,21 @@ def test_a_session_answers_the_servers_pings_while_the_model_thinks_a_tool_runs_
     assert slow.scored, slow.flags
     assert parked == 1
     assert after.scored, after.flags
+
+
+def test_a_reply_at_the_token_limit_and_a_tool_answer_of_several_mb_fit_the_default_limits(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    # A 32,768-token reply is about 150 KB of text; the env answers the unknown crate with its 6 MB name.
+    long_reply = tool_call("find_crate", {"name": "x" * 6_000_000}, content="thinking " * 32_768)
+    steps = [long_reply, *SCRIPTS["played"]]
+
+    result = _play(sample_env, rows["played"], scripted_model, steps, session="large")
+
+    assert result.scored and result.reward == 1.0, result.flags
+    answered = result.transcript[3]
+    assert answered["role"] == "tool" and len(answered["content"]) > 6_000_000
+    assert result.turns[0].tool_errors == 1
 
 
 def test_a_tool_call_is_run_and_answered(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
@@ -746,7 +748,7 @@ def test_an_unreachable_env_server_is_flagged(rows: Rows, scripted_model: Script
 
 @pytest.mark.parametrize(("answer", "says"), [
     ({"type": "error", "data": {"code": "EXECUTION_ERROR", "message": "it broke"}}, "EXECUTION_ERROR: it broke"),
-    (None, "the session closed"),
+    (None, "the server closed the session"),
     ("not json", "isn't JSON"),
     (TOO_DEEP, "nested too deeply"),
     ({"type": "observation", "data": {"observation": {}, "done": False}}, "neither ended the episode nor opened"),

@@ -167,7 +167,7 @@ def test_a_replica_that_dies_is_skipped_and_tried_again_once_it_is_back(
     on_doomed = next(result for result in during if result.env_server == doomed.url)
     on_other = next(result for result in during if result.env_server == pool[0].url)
     assert not on_doomed.scored and [flag.kind for flag in on_doomed.flags] == [FlagKind.PROTOCOL_ERROR]
-    assert "the session closed" in on_doomed.flags[0].message and "end_turn" in on_doomed.flags[0].message
+    assert "the session ended" in on_doomed.flags[0].message and "end_turn" in on_doomed.flags[0].message
     assert (on_other.reward, on_other.flags) == (1.0, [])
     assert [(result.reward, result.flags, result.env_server) for result in later] == [(1.0, [], pool[0].url)] * 3
     assert (again.reward, again.env_server) == (1.0, doomed.url)

@@ -98,12 +98,13 @@ def trainer_tier(env, packages, support, launch_support = []):
         test_env = {"WHEELS": "$(rootpaths //packages:wheels)"},
     )
 
-def env_binary(name, env, main, packages, data = [], **kwargs):
-    """An sh_binary that runs the Python script `main` inside trainer environment `env`, for `bazel run`."""
+def env_binary(name, env, main, packages, imports = [], data = [], **kwargs):
+    """An sh_binary that runs the Python script `main` inside trainer environment `env`, for `bazel run`, with the
+    runfiles folders `imports` on the path as `env_pytest` puts them."""
     native.sh_binary(
         name = name,
         srcs = ["//tools/pytest:run_in_env.sh"],
-        args = _env_command(env, packages, []) + ["$(rootpath %s)" % main],
+        args = _env_command(env, packages, imports) + ["$(rootpath %s)" % main],
         data = [main] + data + _env_data(packages),
         **kwargs
     )

@@ -1,34 +1,47 @@
-"""How chat_core's connections are kept: per event loop, not per episode or per request.
+"""What chat_core's connections share: per event loop, the one aiohttp client session every HTTP request of the loop
+goes through and the env sessions parked for the loop's next episodes; per process, the TLS context and the proxy.
 
-Every HTTP request an event loop makes (to a chat endpoint, or to an env server's Task API) goes through
-``chat_core._http``, whose idle connections the loop keeps here by endpoint, and every env session through
-``chat_core._websocket``. What the loop keeps is closed when the loop shuts down its async generators
-(``asyncio.run`` does). A client per episode cost more CPU than the rest of the episode's requests; one httpx client
-shared by many episodes went quadratic in its pool (httpcore's request assignment scans every idle connection per
-request), and aiohttp's request path cost twice what a request written in one write and read in the protocol's
-callback costs.
+The loop's client session and its parked sessions are closed when the loop shuts down its async generators
+(``asyncio.run`` does). One session per loop keeps each endpoint's connections open between requests: a client per
+request or per episode costs a connection, and more CPU than the rest of a model turn.
 
-An env server's WebSocket session outlives the episode it played when the server ended that episode cleanly: the
-connection is parked, and the next episode on that server starts on it, since a reset on an open session starts a
-new episode. That skips a connect and a close, which together cost this process more CPU than an episode's other
-env calls. A parked connection still takes one of the server's sessions, so it is closed once it has been idle for
-``IDLE_S``, and when the loop ends.
+An env server's WebSocket session outlives the episode it played when the server ended that episode cleanly and
+nothing is left unread on it: the session is parked, and the next episode on that server starts on it, since a
+reset on an open session starts a new episode. That skips a connect and a close. A parked session still takes one
+of the server's sessions, so it is closed once it has been idle for ``IDLE_S``, and when the loop ends.
 
 Connections go direct unless ``CHAT_CORE_PROXY_FROM_ENV=1``: then they take their proxy from ``HTTP_PROXY``,
-``HTTPS_PROXY``, ``ALL_PROXY`` and ``NO_PROXY``, read once per process. Looking the proxy up scans the whole
-environment, which cost 30% of a WebSocket connect when aiohttp did it per connection, so it is opt-in."""
+``HTTPS_PROXY``, ``ALL_PROXY`` and ``NO_PROXY``, read once per process, because looking it up scans the whole
+environment, which costs a connection more than the rest of it. Only http:// proxies are taken: an https endpoint
+and every env session are tunnelled through them with ``CONNECT``."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import os
+import ssl
+import urllib.request
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
+from urllib.parse import unquote, urlsplit
+
+import aiohttp
 
 PROXY_FROM_ENV = "CHAT_CORE_PROXY_FROM_ENV"
 IDLE_S = 2.0
+"""How long a parked env session waits for the next episode before it is closed."""
+KEEPALIVE_S = 4.0
+"""How long an idle HTTP connection is kept: less than the 5 s after which uvicorn (SGLang, the env server) closes
+one, so a request is seldom written on a connection the endpoint is closing."""
+CONNECT_S = 30.0
+"""How long opening a connection (TLS and a proxy's tunnel included) may take."""
+MAX_HEAD_LINE_BYTES = 8190
+"""The longest status or header line of an HTTP answer (aiohttp's ``max_line_size`` and ``max_field_size``)."""
+MAX_HEADERS = 128
+"""The most header lines of an HTTP answer (aiohttp's ``max_headers``)."""
 
 
 @functools.cache
@@ -37,31 +50,89 @@ def proxy_from_env() -> bool:
     return os.environ.get(PROXY_FROM_ENV) == "1"
 
 
+@dataclass(frozen=True)
+class Proxy:
+    """An http:// proxy: its URL as the environment names it (credentials included), the URL without credentials,
+    and the header its credentials go in."""
+
+    url: str
+    address: str
+    headers: dict[str, str]
+
+
+def proxy_for(scheme: str, host: str) -> Proxy | None:
+    """The proxy connections to ``host`` over ``scheme`` (http, https; ws and wss take http's and https') go
+    through: the one the environment names when ``CHAT_CORE_PROXY_FROM_ENV=1`` and ``NO_PROXY`` doesn't leave
+    ``host`` out, else None. Raises ValueError when that proxy isn't an http:// URL."""
+    if not proxy_from_env():
+        return None
+    scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)
+    proxies = _environment_proxies()
+    url = proxies.get(scheme) or proxies.get("all")
+    if not url or urllib.request.proxy_bypass_environment(host, proxies):
+        return None
+    url = url if "://" in url else f"http://{url}"
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"the proxy {url!r} for {scheme}:// URLs isn't an http:// URL, the one kind chat_core takes")
+    headers = {}
+    if parts.username is not None:
+        credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        headers["Proxy-Authorization"] = "Basic " + base64.b64encode(credentials).decode()
+    address = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+    return Proxy(url, address, headers)
+
+
+@functools.cache
+def _environment_proxies() -> dict[str, str]:
+    return urllib.request.getproxies_environment()
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """The system's trusted certificates (``SSL_CERT_FILE`` names others), loaded once per process, checking each
+    server's certificate and host name."""
+    return ssl.create_default_context()
+
+
 class Parkable(Protocol):
-    """A connection the loop can keep for later and close."""
+    """A connection the loop can keep for later, close, and close at once at the loop's end."""
 
     async def close(self) -> None: ...
+
+    def close_now(self) -> None: ...
 
 
 @dataclass
 class _LoopNet:
-    """An event loop's parked WebSocket connections by server URL, each with the timer that closes it, most
-    recently parked last, and its idle HTTP connections by endpoint (scheme, host, port); ``holder`` closes them
-    all when the loop ends."""
+    """An event loop's HTTP client session, its parked env sessions by server URL (each with the timer that closes
+    it, most recently parked last) and the closings under way; ``holder`` closes them all when the loop ends."""
 
     holder: AsyncGenerator[None, None]
+    http: aiohttp.ClientSession | None = None
     parked: dict[str, list[tuple[Parkable, asyncio.TimerHandle]]] = field(default_factory=dict)
-    idle: dict[tuple[str, str, int], list[Any]] = field(default_factory=dict)
     closing: set[asyncio.Task[None]] = field(default_factory=set)
 
 
 _loops: dict[asyncio.AbstractEventLoop, _LoopNet] = {}
 
 
-async def idle_connections(endpoint: tuple[str, str, int]) -> list[Any]:
-    """The running event loop's idle HTTP connections to ``endpoint``, most recently used last: the list itself,
-    which the caller takes connections from and gives them back to."""
-    return (await _net()).idle.setdefault(endpoint, [])
+async def http_session() -> aiohttp.ClientSession:
+    """The running event loop's aiohttp client session: no limit on connections (the episodes in flight bound
+    them), idle connections kept ``KEEPALIVE_S``, connects bounded by ``CONNECT_S``, answer heads by
+    ``MAX_HEAD_LINE_BYTES`` and ``MAX_HEADERS``, no cookies kept (no endpoint chat_core talks to sets one, and
+    keeping them costs every request). Requests and their answers' bodies are bounded by their callers."""
+    net = await _net()
+    if net.http is None:
+        net.http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_S),
+            max_line_size=MAX_HEAD_LINE_BYTES,
+            max_field_size=MAX_HEAD_LINE_BYTES,
+            max_headers=MAX_HEADERS,
+        )
+    return net.http
 
 
 async def _net() -> _LoopNet:
@@ -107,17 +178,19 @@ def _expire(net: _LoopNet, url: str, connection: Parkable) -> None:
 
 async def _held_net(loop: asyncio.AbstractEventLoop) -> AsyncGenerator[None, None]:
     """Suspended until the loop's ``shutdown_asyncgens`` closes it, the one hook asyncio gives for work at a loop's
-    end, and then closes the loop's connections: parked sessions first (each with its closing handshake, so each
-    server hears its sessions end), then idle HTTP connections. The loop registers the generator when it first runs
-    it, and ``_loops`` holds it (the loop holds it only weakly) until then."""
+    end, and then closes the loop's connections: each parked session is sent its close frame and closed without
+    waiting for the server's (the loop takes no new async generators at this point, which websockets' own close
+    would start), the closings under way are finished, then the HTTP client session is closed. The loop registers
+    the generator when it first runs it, and ``_loops`` holds it (the loop holds it only weakly) until then."""
     try:
         yield
     finally:
         net = _loops.pop(loop, None)
         if net is not None:
-            parked = [connection for idle in net.parked.values() for connection, _ in idle]
+            for idle in net.parked.values():
+                for connection, _ in idle:
+                    connection.close_now()
             net.parked.clear()
-            await asyncio.gather(*(each.close() for each in parked), *net.closing, return_exceptions=True)
-            for idle in net.idle.values():
-                for connection in idle:
-                    connection.drop()
+            await asyncio.gather(*net.closing, return_exceptions=True)
+            if net.http is not None:
+                await net.http.close()

@@ -19,6 +19,13 @@ def wire_text(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
+def excerpt(value: Any, limit: int = 200) -> str:
+    """``value`` quoted for an error message, its text cut to ``limit`` characters: what a server or a model sent can
+    be megabytes long."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return repr(text[:limit] + "…") if len(text) > limit else repr(text)
+
+
 def described(error: BaseException) -> str:
     """An exception as text for an error message: its type, and what it says when it says anything."""
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__

@@ -18,181 +18,29 @@ unfinished episode is abandoned on the server without running its verifiers."""
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Protocol
 
-from chat_core._http import ConnectionRefused, HttpError, Route
-from chat_core._wire import described, encoded, parse_json, wire_text
+from chat_core._http import HttpError
+from chat_core._wire import described, encoded, excerpt, wire_text
+from chat_core.chat import ChatEndpoint, Reply, UnreadableReply, arguments_of, post, reply_of
 from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
-from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation, server_url
+from chat_core.limits import Limits
+from chat_core.openenv_client import CapacityWait, EpisodeSession
 from chat_core.pool import EnvPool, PooledSession, env_servers
-from chat_core.retry import RetryPolicy
+from chat_core.protocol import Observation
+from chat_core.results import EpisodeResult, Flag, FlagKind, TurnCounts
 from chat_core.rows import EpisodeRef
 
+logger = logging.getLogger(__name__)
 END_TURN = "end_turn"
-_RESERVED_BODY_KEYS = frozenset({"model", "messages", "tools"})
-_ERROR_TEXT_LIMIT = 500
-_RETRY = RetryPolicy()
-
-
-class FlagKind(StrEnum):
-    """What went wrong in an episode. Noted while the episode goes on:
-
-    - ``bad_tool_arguments``: a tool call's arguments weren't a JSON object; the model got a tool error instead.
-    - ``tool_call_limit``: the model called more tools in a turn than allowed; the turn ended with its latest text.
-    - ``reply_truncated``: a reply stopped at the model's token limit (finish reason ``length``); it was played as
-      it came, so the reward may be for a cut answer or a cut tool call.
-
-    Fatal (in ``FATAL``), leaving the episode unscored:
-
-    - ``env_failed``: the env's run failed (at reset, in a turn or in a verifier); the message is the server's.
-    - ``session_failed``: the chat endpoint failed: an HTTP error, no connection, an aborted or unreadable reply
-      (429, 502, 503, 504 and refused connections only once retrying them would pass the model deadline).
-    - ``no_reward``: the env ended the episode without a reward.
-    - ``model_deadline``: the model took longer than ``Limits.model_deadline_s`` in all.
-    - ``turn_limit``: the env opened more turns than ``Limits.max_turns``.
-    - ``capacity_exhausted``: the env server stayed full for ``Limits.capacity_wait_s``.
-    - ``env_deadline``: an env call (reset, list_tools, a tool call, end_turn with its verifiers) went unanswered
-      for ``Limits.env_call_deadline_s``; the session was closed, abandoning the episode.
-    - ``env_unreachable``: the env server couldn't be reached.
-    - ``protocol_error``: the env server answered outside the protocol, or dropped the session.
-    - ``task_mismatch``: the server serves another task at the row's place; the rows are stale.
-    - ``rollout_aborted``: the trainer aborted the rollout while the episode was playing (a helper's flag; ``play``
-      itself is cancelled then)."""
-
-    BAD_TOOL_ARGUMENTS = "bad_tool_arguments"
-    TOOL_CALL_LIMIT = "tool_call_limit"
-    REPLY_TRUNCATED = "reply_truncated"
-    ENV_FAILED = "env_failed"
-    SESSION_FAILED = "session_failed"
-    NO_REWARD = "no_reward"
-    MODEL_DEADLINE = "model_deadline"
-    TURN_LIMIT = "turn_limit"
-    CAPACITY_EXHAUSTED = "capacity_exhausted"
-    ENV_DEADLINE = "env_deadline"
-    ENV_UNREACHABLE = "env_unreachable"
-    PROTOCOL_ERROR = "protocol_error"
-    TASK_MISMATCH = "task_mismatch"
-    ROLLOUT_ABORTED = "rollout_aborted"
-
-
-FATAL = frozenset(FlagKind) - {FlagKind.BAD_TOOL_ARGUMENTS, FlagKind.TOOL_CALL_LIMIT, FlagKind.REPLY_TRUNCATED}
-
-
-@dataclass(frozen=True)
-class Flag:
-    """Something that went wrong in an episode, with what a person needs to find it."""
-
-    kind: FlagKind
-    message: str
-
-    @property
-    def fatal(self) -> bool:
-        return self.kind in FATAL
-
-    def as_dict(self) -> dict[str, Any]:
-        """The flag as plain JSON data, the shape trainers keep in a sample's metadata."""
-        return {"kind": str(self.kind), "message": self.message, "fatal": self.fatal}
-
-
-@dataclass(frozen=True)
-class ChatEndpoint:
-    """Where the model answers: ``url`` is a full ``.../v1/chat/completions`` URL, ``model`` the body's model name,
-    and ``headers`` go with every request (e.g. ``Authorization: Bearer <session id>``)."""
-
-    url: str
-    model: str
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-    def route(self) -> Route:
-        """Its chat requests' route: JSON bodies with ``headers``. Raises ValueError as ``chat_core._http.Route``
-        does."""
-        return Route("POST", self.url, {"Content-Type": "application/json", **self.headers})
-
-
-@dataclass(frozen=True)
-class Limits:
-    """How the launch plays each episode: its bounds, and the env servers that serve it. ``max_turns``: env turns
-    played; one more ends it unscored. ``max_tool_calls_per_turn``: tool calls the model makes in a turn; one more
-    ends the turn with the model's latest text. ``model_deadline_s``: seconds the episode may spend waiting for the
-    model, all calls together. ``capacity_wait_s``: seconds to wait for a free env session while the server (every
-    server of the pool) is full. ``env_call_deadline_s``: seconds one env call may go unanswered (reset, list_tools,
-    a tool call, end_turn with the verifiers it runs), so a stuck env can't hold an episode. ``env_servers``: the
-    URLs of a pool of env servers serving the rows' bundle, which plays every row instead of the server it was
-    prepared from (``chat_core.pool``); when empty, the ``TRAINER_HELPERS_ENV_SERVERS`` environment variable names
-    the pool (comma-separated), and without it each row plays on its own server. Raises ValueError when a bound is
-    out of range or a server URL isn't an absolute http(s) URL."""
-
-    max_turns: int = 16
-    max_tool_calls_per_turn: int = 32
-    model_deadline_s: float = 900.0
-    capacity_wait_s: float = 600.0
-    env_call_deadline_s: float = 600.0
-    env_servers: Sequence[str] = ()
-
-    def __post_init__(self) -> None:
-        if isinstance(self.env_servers, str):
-            raise ValueError(f"env_servers is a list of server URLs, not the one string {self.env_servers!r}")
-        object.__setattr__(self, "env_servers", tuple(server_url(url) for url in self.env_servers))
-        if self.max_turns < 1 or self.max_tool_calls_per_turn < 1:
-            raise ValueError(f"{self}: max_turns and max_tool_calls_per_turn must be at least 1")
-        if not self.model_deadline_s > 0 or not self.env_call_deadline_s > 0 or not self.capacity_wait_s >= 0:
-            raise ValueError(
-                f"{self}: model_deadline_s and env_call_deadline_s must be positive and capacity_wait_s not negative"
-            )
-
-
-@dataclass
-class TurnCounts:
-    """One env turn: the model's replies, the tool calls answered (``end_turn`` aside) and how many of them were
-    errors (the env's, or arguments refused before reaching it)."""
-
-    model_calls: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
-
-
-@dataclass
-class Timings:
-    """Seconds spent: inside env calls (``env_s``: connecting, or taking a parked session, every step, and closing or
-    parking the session, waiting for a free session aside), waiting for the model (``model_s``: every chat request),
-    waiting for a free env session (``capacity_wait_s``), and in all (``wall_s``); the event loop's connections are
-    opened inside whichever of these first needs them. What ``wall_s`` holds beyond the other three is the loop's own
-    work."""
-
-    env_s: float = 0.0
-    model_s: float = 0.0
-    capacity_wait_s: float = 0.0
-    wall_s: float = 0.0
-
-
-@dataclass
-class EpisodeResult:
-    """How an episode went: its reward (None unless the env scored it and nothing fatal happened), its flags, the
-    chat as the model saw it (tool messages included), each turn's counts, the episode's timings, and how many chat
-    requests were sent again after a transient failure (``model_retries``, see ``chat_core.retry``).
-    ``env_server`` is the URL of the server that played it (the row's own, or the pool's server it was routed to),
-    None when no server started it."""
-
-    episode: EpisodeRef
-    env_server: str | None = None
-    reward: float | None = None
-    flags: list[Flag] = field(default_factory=list)
-    transcript: list[dict[str, Any]] = field(default_factory=list)
-    turns: list[TurnCounts] = field(default_factory=list)
-    timings: Timings = field(default_factory=Timings)
-    model_retries: int = 0
-
-    @property
-    def scored(self) -> bool:
-        """Whether the reward can be trained on: the env gave one and no fatal flag was raised."""
-        return self.reward is not None and not any(flag.fatal for flag in self.flags)
+RESERVED_BODY_KEYS = frozenset({"model", "messages", "tools"})
+"""The chat body's keys ``play`` sends itself, which the sampling settings may not set."""
+_TEXT_LIMIT = 500
 
 
 class EpisodeTrace(Protocol):
@@ -237,12 +85,11 @@ async def play(
 
     Every failure of the env, the chat endpoint or the model is a flag on the result. Raises ValueError before
     anything starts when ``metadata`` isn't a row's, ``sampling`` sets ``model``, ``messages`` or ``tools``, or the
-    chat endpoint's URL or headers can't be sent (see ``chat_core._http.Route``), and
-    ServerMismatch when a server of the launch's pool serves another env or other tasks than the row's. When
-    cancelled, closes the env session, so the server abandons the episode without running its verifiers, and
-    re-raises."""
+    chat endpoint's URL or headers can't be sent (see ``ChatEndpoint.request_headers``), and ServerMismatch when a
+    server of the launch's pool serves another env or other tasks than the row's. When cancelled, closes the env
+    session, so the server abandons the episode without running its verifiers, and re-raises."""
     episode = EpisodeRef.from_metadata(metadata)
-    if clash := sorted(_RESERVED_BODY_KEYS & set(sampling)):
+    if clash := sorted(RESERVED_BODY_KEYS & set(sampling)):
         raise ValueError(f"sampling sets {', '.join(clash)}, which play sends itself; leave them out")
     game = _Game(episode, chat, dict(sampling), limits, trace or _NoTrace())
     began = time.monotonic()
@@ -250,18 +97,20 @@ async def play(
     if servers := env_servers(limits.env_servers):
         pool = EnvPool.of(servers)
         await pool.check(episode)
-        session = pool.session(limits.capacity_wait_s, limits.env_call_deadline_s)
+        session = pool.session(limits)
     else:
         session = EpisodeSession(
             episode.server_url,
             capacity_wait=CapacityWait(total_s=limits.capacity_wait_s),
             call_deadline_s=limits.env_call_deadline_s,
+            max_message_bytes=limits.max_env_message_bytes,
         )
     try:
         await game.play(session)
     except ServerMismatch:
         raise
     except EnvCallTimeout as e:
+        logger.warning("[chat_core] episode %s: %s; its session was closed", episode.task_name, e)
         game.fail(
             FlagKind.ENV_DEADLINE,
             f"{e} (env_call_deadline_s={limits.env_call_deadline_s:g}); the session was closed, abandoning the "
@@ -279,21 +128,6 @@ async def play(
     return game.result
 
 
-@dataclass(frozen=True)
-class _Reply:
-    """The model's answer, as the transcript keeps it, with its text and tool calls read out, and whether it was cut
-    at the model's token limit."""
-
-    message: dict[str, Any]
-    text: str
-    tool_calls: list[dict[str, Any]]
-    truncated: bool
-
-
-class _ChatFailed(Exception):
-    """The chat endpoint's answer can't be read as a chat completion."""
-
-
 class _Game:
     """The state of one ``play``: the result being built and the limits that bound it.
 
@@ -306,7 +140,7 @@ class _Game:
     ):
         self.result = EpisodeResult(episode=episode)
         self._chat = chat
-        self._route = chat.route()
+        self._headers = chat.request_headers()
         self._body_head = encoded({**sampling, "model": chat.model})[:-1] + b',"messages":['
         self._said: list[bytes] = []
         self._limits = limits
@@ -364,7 +198,7 @@ class _Game:
         if not isinstance(opened, dict) or not isinstance(opened.get("prompt"), str):
             self.fail(
                 FlagKind.PROTOCOL_ERROR,
-                f"end_turn neither ended the episode nor opened a turn: {_clipped(json.dumps(ended.body))}",
+                f"end_turn neither ended the episode nor opened a turn: {excerpt(ended.body, _TEXT_LIMIT)}",
             )
             return False
         self._open_turn(opened)
@@ -404,14 +238,16 @@ class _Game:
                 return await self._end_turn(session, reply.text)
             for position, call in enumerate(reply.tool_calls):
                 name = call["function"]["name"]
-                arguments = _arguments_of(call["function"].get("arguments"))
+                arguments = arguments_of(call["function"].get("arguments"))
                 if name == END_TURN and isinstance(arguments, dict):
                     response = arguments.get("response", reply.text)
                     if isinstance(response, str):
                         self._answer(call, "Your turn has ended.")
                         self._skip(reply.tool_calls[position + 1 :], "the turn had already ended")
                         return await self._end_turn(session, response)
-                    arguments = f'end_turn takes {{"response": string}}, not a response of {_clipped(response)}'
+                    arguments = (
+                        f'end_turn takes {{"response": string}}, not a response of {excerpt(response, _TEXT_LIMIT)}'
+                    )
                 if calls >= self._limits.max_tool_calls_per_turn:
                     self.result.flags.append(
                         Flag(
@@ -468,7 +304,7 @@ class _Game:
             end["episode_ended"] = ended.done
         return ended
 
-    async def _ask(self, tools: bytes) -> _Reply | None:
+    async def _ask(self, tools: bytes) -> Reply | None:
         """The model's reply, or None when the chat failed or the deadline passed (flagged). ``tools`` is the
         body's end: its tools, encoded."""
         left = self._limits.model_deadline_s - self.result.timings.model_s
@@ -477,7 +313,14 @@ class _Game:
         try:
             with self._trace.span("model_call", {"turn": len(self.result.turns)}):
                 async with asyncio.timeout(left):
-                    status, raw = await self._post(body, began + left)
+                    answer = await post(
+                        self._chat,
+                        self._headers,
+                        body,
+                        deadline=began + left,
+                        max_answer_bytes=self._limits.max_chat_answer_bytes,
+                        retried=self._retried,
+                    )
         except TimeoutError:
             self.fail(
                 FlagKind.MODEL_DEADLINE,
@@ -488,43 +331,28 @@ class _Game:
         except HttpError as e:
             self.fail(
                 FlagKind.SESSION_FAILED,
-                f"the chat request to {self._chat.url} failed: {described(e)}{self._retried()}",
+                f"the chat request to {self._chat.url} failed: {described(e)}{self._retries()}",
             )
             return None
         finally:
             self.result.timings.model_s += time.monotonic() - began
-        if status >= 400:
+        if answer.status >= 400:
             self.fail(
                 FlagKind.SESSION_FAILED,
-                f"the chat endpoint {self._chat.url} answered HTTP {status}: {_clipped(wire_text(raw))}"
-                f"{self._retried()}",
+                f"the chat endpoint {self._chat.url} answered HTTP {answer.status}: "
+                f"{excerpt(wire_text(answer.body), _TEXT_LIMIT)}{self._retries()}",
             )
             return None
         try:
-            return _reply_of(raw, len(self.result.transcript))
-        except _ChatFailed as e:
+            return reply_of(answer.body, len(self.result.transcript))
+        except UnreadableReply as e:
             self.fail(FlagKind.SESSION_FAILED, f"the chat endpoint {self._chat.url} {e}")
             return None
 
-    async def _post(self, body: bytes, deadline: float) -> tuple[int, bytes]:
-        """The chat endpoint's status and body for ``body``, sent again while ``_RETRY`` says a transient failure is
-        worth waiting out before the monotonic ``deadline``; the last answer, or failure, once it isn't."""
-        attempt = 0
-        while True:
-            try:
-                answer = await self._route.send(body)
-            except ConnectionRefused:
-                if (wait := _RETRY.delay(attempt, None, None, deadline - time.monotonic())) is None:
-                    raise
-            else:
-                retry_after = answer.headers.get("retry-after")
-                if (wait := _RETRY.delay(attempt, answer.status, retry_after, deadline - time.monotonic())) is None:
-                    return answer.status, answer.body
-            attempt += 1
-            self.result.model_retries += 1
-            await asyncio.sleep(wait)
+    def _retried(self) -> None:
+        self.result.model_retries += 1
 
-    def _retried(self) -> str:
+    def _retries(self) -> str:
         retries = self.result.model_retries
         return f" ({retries} chat request(s) of the episode sent again before giving up)" if retries else ""
 
@@ -566,69 +394,6 @@ class _Game:
         return None
 
 
-def _reply_of(raw: bytes, seen: int) -> _Reply:
-    """The reply in a chat completion; raises _ChatFailed saying what is wrong with it. Tool calls without an id get
-    one, unique in the episode, so each can be answered."""
-    try:
-        completion = parse_json(raw)
-    except ValueError as e:
-        raise _ChatFailed(f"answered with something that isn't JSON ({e}): {_clipped(wire_text(raw))}") from None
-    choices = completion.get("choices") if isinstance(completion, dict) else None
-    choice = choices[0] if isinstance(choices, list) and choices else None
-    message = choice.get("message") if isinstance(choice, dict) else None
-    if not isinstance(message, dict):
-        raise _ChatFailed(f"answered without a choice holding a message: {_clipped(wire_text(raw))}")
-    if choice.get("finish_reason") == "abort":
-        raise _ChatFailed("aborted the reply (finish_reason 'abort')")
-    text = _text_of(message.get("content"))
-    calls = message.get("tool_calls") or []
-    if not isinstance(calls, list) or not all(
-        isinstance(call, dict)
-        and isinstance(call.get("function"), dict)
-        and isinstance(call["function"].get("name"), str)
-        for call in calls
-    ):
-        raise _ChatFailed(f"answered with tool calls that aren't OpenAI tool calls: {_clipped(json.dumps(calls))}")
-    calls = [
-        call if isinstance(call.get("id"), str) and call["id"] else {**call, "id": f"call_{seen}_{position}"}
-        for position, call in enumerate(calls)
-    ]
-    kept = {key: value for key, value in message.items() if value is not None}
-    kept["role"] = "assistant"
-    if calls:
-        kept["tool_calls"] = calls
-    else:
-        kept.pop("tool_calls", None)
-    return _Reply(message=kept, text=text, tool_calls=calls, truncated=choice.get("finish_reason") == "length")
-
-
-def _text_of(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(part, dict) for part in content):
-        return "".join(str(part.get("text") or "") for part in content if part.get("type") == "text")
-    raise _ChatFailed(f"answered with content that is neither text nor text parts: {_clipped(json.dumps(content))}")
-
-
-def _arguments_of(raw: Any) -> dict[str, Any] | str:
-    """A tool call's arguments as an object, or why they aren't one. No arguments at all read as ``{}``."""
-    if raw is None or (isinstance(raw, str) and not raw.strip()):
-        return {}
-    if isinstance(raw, dict):
-        return raw
-    if not isinstance(raw, str):
-        return f"the arguments must be a JSON object, not {type(raw).__name__}"
-    try:
-        parsed = parse_json(raw)
-    except ValueError as e:
-        return f"the arguments aren't valid JSON ({e}): {_clipped(raw)}"
-    if not isinstance(parsed, dict):
-        return f"the arguments must be a JSON object, not {_clipped(raw)}"
-    return parsed
-
-
 def _tool_answer(answered: Observation) -> tuple[str, bool]:
     """The text a tool message gives the model, and whether the call failed."""
     error = answered.body.get("error")
@@ -642,7 +407,7 @@ def _tool_answer(answered: Observation) -> tuple[str, bool]:
         if isinstance(parts, list):
             text = "".join(str(part.get("text") or "") for part in parts if isinstance(part, dict))
             return text, bool(result.get("is_error"))
-    return json.dumps(result), False
+    return encoded(result).decode(), False
 
 
 def _kind_of(error: OpenEnvError) -> FlagKind:
@@ -651,8 +416,3 @@ def _kind_of(error: OpenEnvError) -> FlagKind:
     if isinstance(error, ServerUnreachable):
         return FlagKind.ENV_UNREACHABLE
     return FlagKind.PROTOCOL_ERROR
-
-
-def _clipped(value: Any) -> str:
-    text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= _ERROR_TEXT_LIMIT else text[:_ERROR_TEXT_LIMIT] + "…"

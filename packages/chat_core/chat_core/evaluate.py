@@ -31,10 +31,11 @@ from tqdm import tqdm
 from chat_core._cli import positive_int
 from chat_core._http import HttpError
 from chat_core._wire import encoded, parse_json, wire_text
-from chat_core.episode import _RESERVED_BODY_KEYS, ChatEndpoint, Limits, play
+from chat_core.chat import ChatEndpoint, post
+from chat_core.episode import RESERVED_BODY_KEYS, play
+from chat_core.limits import Limits
 from chat_core.metrics import episode_metrics
 from chat_core.outcome import OUTCOME_KEY, EpisodeOutcome
-from chat_core.retry import RetryPolicy
 from chat_core.rows import EpisodeRef
 
 DEFAULT_CONCURRENCY = 32
@@ -43,7 +44,6 @@ SUMMARY = "summary.json"
 PASS_REWARD = 1.0
 """An episode passes, for pass@k, when it is scored and earns at least this: the env's full reward."""
 _PREFLIGHT_S = 60.0
-_RETRY = RetryPolicy()
 _RECORD_ENCODER = json.JSONEncoder(ensure_ascii=False)
 
 
@@ -135,37 +135,35 @@ def read_records(out: Path) -> list[dict[str, Any]]:
 async def preflight(chat: ChatEndpoint, sampling: Mapping[str, Any]) -> None:
     """Send one tiny chat completion to ``chat``, so a wrong URL, model name or key stops the run before any
     episode: the run's own body with one short message, its token limit (``max_completion_tokens`` where the
-    sampling names it, as newer hosted models take it, else ``max_tokens``) set to 1. Transient failures (see
-    ``chat_core.retry``) are retried for up to a minute. Raises EvaluateError with the server's message, on one line,
-    when the endpoint can't be reached or answers with an error."""
+    sampling names it, as newer hosted models take it, else ``max_tokens``) set to 1. Transient failures are retried
+    as the episode loop retries them (``chat_core.chat.post``) for up to a minute. Raises EvaluateError with the
+    server's message, on one line, when the endpoint can't be reached or answers with an error."""
     limit = "max_completion_tokens" if "max_completion_tokens" in sampling else "max_tokens"
     body = {**sampling, "model": chat.model, "messages": [{"role": "user", "content": "Say OK."}], limit: 1}
     try:
-        route = chat.route()
+        headers = chat.request_headers()
     except ValueError as e:
         raise EvaluateError(str(e)) from None
-    began = time.monotonic()
-    attempt = 0
-    while True:
-        left = _PREFLIGHT_S - (time.monotonic() - began)
-        try:
-            async with asyncio.timeout(max(left, 1.0)):
-                answer = await route.send(encoded(body))
-        except TimeoutError:
-            raise EvaluateError(
-                f"the model endpoint {chat.url} didn't answer the pre-flight request within {max(left, 1.0):.0f} s"
-            ) from None
-        except HttpError as e:
-            raise EvaluateError(f"the model endpoint {chat.url} can't be reached: {e}") from None
-        if answer.status < 400:
-            return
-        if (wait := _RETRY.delay(attempt, answer.status, answer.headers.get("retry-after"), left)) is None:
-            raise EvaluateError(
-                f"the model endpoint {chat.url} answered the pre-flight request for model {chat.model!r} with "
-                f"HTTP {answer.status}: {' '.join(wire_text(answer.body).split())[:500]}"
+    try:
+        async with asyncio.timeout(_PREFLIGHT_S):
+            answer = await post(
+                chat,
+                headers,
+                encoded(body),
+                deadline=time.monotonic() + _PREFLIGHT_S,
+                max_answer_bytes=Limits.max_chat_answer_bytes,
             )
-        attempt += 1
-        await asyncio.sleep(wait)
+    except TimeoutError:
+        raise EvaluateError(
+            f"the model endpoint {chat.url} didn't answer the pre-flight request within {_PREFLIGHT_S:g} s"
+        ) from None
+    except HttpError as e:
+        raise EvaluateError(f"the model endpoint {chat.url} can't be reached: {e}") from None
+    if answer.status >= 400:
+        raise EvaluateError(
+            f"the model endpoint {chat.url} answered the pre-flight request for model {chat.model!r} with "
+            f"HTTP {answer.status}: {' '.join(wire_text(answer.body).split())[:500]}"
+        )
 
 
 async def evaluate(
@@ -185,7 +183,7 @@ async def evaluate(
     when ``samples`` or ``run.concurrency`` is below 1, or ``run.sampling`` sets a key every request sends itself."""
     if samples < 1 or run.concurrency < 1:
         raise ValueError(f"samples and concurrency must be at least 1, not {samples} and {run.concurrency}")
-    if clash := sorted(_RESERVED_BODY_KEYS & set(run.sampling)):
+    if clash := sorted(RESERVED_BODY_KEYS & set(run.sampling)):
         raise ValueError(f"the sampling sets {', '.join(clash)}, which every request sends itself; leave them out")
     if not resume and out.exists() and any(out.iterdir()):
         raise EvaluateError(f"{out} already holds files; give an empty or new folder, or --resume to go on with it")
@@ -380,7 +378,11 @@ def main(argv: list[str] | None = None) -> int:
         run = Run(
             ChatEndpoint(args.model_url.rstrip("/") + "/chat/completions", args.model, headers),
             sampling,
-            Limits(args.max_turns, args.max_tool_calls_per_turn, args.model_deadline),
+            Limits(
+                max_turns=args.max_turns,
+                max_tool_calls_per_turn=args.max_tool_calls_per_turn,
+                model_deadline_s=args.model_deadline,
+            ),
             args.concurrency,
         )
         other = _summary_of(here / args.compare) if args.compare else None

@@ -7,14 +7,15 @@ doesn't is a ``ServerMismatch`` for every later episode, since the launch names 
 
 Routing: each episode starts on the server with the fewest episodes in flight from this process, within the session
 limit a server's ``CAPACITY_REACHED`` refusal told. A full server is skipped for another; one that can't be reached,
-or drops the session before the episode has started, is rested for a second, twice as long each time it fails
-again in a row (up to half a minute), and tried again when its rest is over. Once an episode has started it stays on its
-server: a server dying mid-episode ends that episode flagged. The pool's state lives in the process, shared by every
-episode that names the same servers."""
+or drops the session before the episode has started, is left out for a while (``REST``: about a second, doubling
+with each failure in a row), and tried again when its rest is over; both are logged. Once an episode has started
+it stays on its server: a server dying mid-episode ends that episode flagged. The pool's state lives in the process,
+shared by every episode that names the same servers."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -22,12 +23,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from chat_core.errors import CapacityExhausted, OpenEnvError, ServerMismatch, ServerUnreachable, SessionDropped
-from chat_core.openenv_client import CapacityWait, EpisodeSession, Observation, OpenEnvServer, server_url
+from chat_core.limits import ENV_SERVERS_VARIABLE, Limits
+from chat_core.openenv_client import CapacityWait, EpisodeSession, OpenEnvServer
+from chat_core.protocol import Observation, server_url
+from chat_core.retry import Backoff
 from chat_core.rows import EpisodeRef
 
-ENV_SERVERS_VARIABLE = "TRAINER_HELPERS_ENV_SERVERS"
-_REST_FIRST_S = 1.0
-_REST_MAX_S = 30.0
+logger = logging.getLogger(__name__)
+REST = Backoff(first_s=1.0, max_s=30.0)
+"""How long a failing server is left out: a second or so after its first failure, twice as long after each further
+failure in a row, up to half a minute."""
 _FULL_PAUSE_S = 0.25
 _POLL_S = 0.05
 
@@ -56,7 +61,7 @@ class _Server:
     max_sessions: int | None = None
     full_until: float = 0.0
     rested_until: float = 0.0
-    rest_s: float = 0.0
+    failures: int = 0
     failure: str | None = None
     chosen: int = 0
 
@@ -69,12 +74,16 @@ class _Server:
         )
 
     def failed(self, why: str, now: float) -> None:
-        self.rest_s = min(max(self.rest_s * 2, _REST_FIRST_S), _REST_MAX_S)
-        self.rested_until = now + self.rest_s
+        rest = REST.wait(self.failures)
+        self.failures += 1
+        self.rested_until = now + rest
         self.failure = why
+        logger.warning("[chat_core] env server %s left out of the pool for %.1f s: %s", self.url, rest, why)
 
     def answered(self) -> None:
-        self.rest_s, self.failure = 0.0, None
+        if self.failures:
+            logger.info("[chat_core] env server %s is back in the pool", self.url)
+        self.failures, self.failure = 0, None
 
 
 class EnvPool:
@@ -134,8 +143,9 @@ class EnvPool:
         if self._refusal is not None:
             raise self._refusal
 
-    def session(self, capacity_wait_s: float, call_deadline_s: float | None) -> PooledSession:
-        return PooledSession(self, capacity_wait_s, call_deadline_s)
+    def session(self, limits: Limits) -> PooledSession:
+        """An episode's session on the pool, waiting for a free session and bounding its calls as ``limits`` says."""
+        return PooledSession(self, limits)
 
     async def _catalogue_of(self, server: _Server) -> tuple[str, Catalogue] | None:
         """The env name and task ids ``server`` serves, or None when it can't be reached (it is rested)."""
@@ -195,10 +205,10 @@ class PooledSession:
     """An episode's session on whichever server of ``pool`` has room when ``reset`` is called, and on that server
     until ``close``: the calls of ``EpisodeSession``, with ``url`` the server's once the episode has started."""
 
-    def __init__(self, pool: EnvPool, capacity_wait_s: float, call_deadline_s: float | None):
+    def __init__(self, pool: EnvPool, limits: Limits):
         self._pool = pool
-        self._capacity_wait_s = capacity_wait_s
-        self._call_deadline_s = call_deadline_s
+        self._capacity_wait_s = limits.capacity_wait_s
+        self._limits = limits
         self._server: _Server | None = None
         self._session: EpisodeSession | None = None
         self.url: str | None = None
@@ -224,7 +234,10 @@ class PooledSession:
                 await self._pool._check_due()
                 continue
             session = EpisodeSession(
-                server.url, capacity_wait=CapacityWait(total_s=0), call_deadline_s=self._call_deadline_s
+                server.url,
+                capacity_wait=CapacityWait(total_s=0),
+                call_deadline_s=self._limits.env_call_deadline_s,
+                max_message_bytes=self._limits.max_env_message_bytes,
             )
             server.in_flight += 1
             try:

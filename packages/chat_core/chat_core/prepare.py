@@ -28,7 +28,8 @@ from tqdm import tqdm
 
 from chat_core._cli import positive_int
 from chat_core.errors import OpenEnvError
-from chat_core.openenv_client import CapacityWait, OpenEnvServer, ProbeSession, TaskInfo, Tool
+from chat_core.openenv_client import MAX_TASK_API_ANSWER_BYTES, CapacityWait, OpenEnvServer, ProbeSession
+from chat_core.protocol import TaskInfo, Tool
 from chat_core.rows import row_line, task_row
 
 DEFAULT_CONCURRENCY = 8
@@ -46,10 +47,13 @@ async def write_rows(
     concurrency: int = DEFAULT_CONCURRENCY,
     capacity_wait: CapacityWait | None = None,
     progress: bool = True,
+    max_answer_bytes: int = MAX_TASK_API_ANSWER_BYTES,
 ) -> dict[str, int]:
     """Write every split of the server at ``url`` as ``out/<split>.jsonl`` and return each split's row count, in
     the server's split order. Probes run at most ``concurrency`` at a time, each waiting for a free session as
-    ``capacity_wait`` says; ``progress`` shows a progress bar on stderr.
+    ``capacity_wait`` says; ``progress`` shows a progress bar on stderr. A Task API answer longer than
+    ``max_answer_bytes`` and a session message longer than ``Limits.max_env_message_bytes`` are refused as the
+    server breaking the protocol.
 
     Nothing is left at ``out`` unless every file was written. Raises FileExistsError when ``out`` exists,
     FileNotFoundError when its parent folder doesn't, ValueError when ``concurrency`` is below 1, the
@@ -60,7 +64,7 @@ async def write_rows(
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, not {concurrency}")
     _check_free(out)
-    server = OpenEnvServer(url)
+    server = OpenEnvServer(url, max_answer_bytes=max_answer_bytes)
     env_name = await server.env_name()
     splits = {split: await server.tasks(split) for split in await server.splits()}
     for split in splits:

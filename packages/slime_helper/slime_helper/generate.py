@@ -3,9 +3,9 @@
     --custom-generate-function-path slime_helper.generate.generate
 
 Episode bounds are chat_core's defaults unless slime's ``--custom-config-path`` YAML sets ``episode_max_turns``,
-``episode_max_tool_calls_per_turn``, ``episode_model_deadline_s`` or ``episode_env_call_deadline_s`` (slime puts its
-keys on ``args``); ``episode_env_servers``, a list of URLs, names the pool of env servers that plays the rows
-(``chat_core.pool``).
+``episode_max_tool_calls_per_turn``, ``episode_model_deadline_s``, ``episode_env_call_deadline_s``,
+``episode_max_chat_answer_bytes`` or ``episode_max_env_message_bytes`` (slime puts its keys on ``args``);
+``episode_env_servers``, a list of URLs, names the pool of env servers that plays the rows (``chat_core.pool``).
 
 Per sample: open a session on the process's adapter → play the row's episode through it (``chat_core.play``) →
 ``finish_session``: the turns the adapter recorded, as samples carrying the episode's reward, so slime runs no
@@ -33,6 +33,8 @@ _LIMIT_SETTINGS = {
     "episode_max_tool_calls_per_turn": "max_tool_calls_per_turn",
     "episode_model_deadline_s": "model_deadline_s",
     "episode_env_call_deadline_s": "env_call_deadline_s",
+    "episode_max_chat_answer_bytes": "max_chat_answer_bytes",
+    "episode_max_env_message_bytes": "max_env_message_bytes",
     "episode_env_servers": "env_servers",
 }
 _CHAT_SAMPLING = {

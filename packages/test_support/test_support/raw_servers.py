@@ -1,63 +1,184 @@
-"""What the client tests' raw servers run in: an event loop of its own per test, bounded in time, whose servers and
-connections are all closed before it ends, and which fails the test when the client raised in one of the loop's
-callbacks, where the loop would only log it (``played``); and the check that a test left nothing for the garbage
-collector to find unclosed (``nothing_left_unclosed``, a fixture of ``pytest_plugin``)."""
+"""What the client tests' raw servers run in and write: servers that answer with exactly the bytes a test gives, as a
+broken or hostile server would, in an event loop of their own (``ServerThread``), and the client's work watched from
+outside its own loop (``watched``), so a client that freezes its loop or fills its memory fails the test instead of
+hanging it.
+
+``accept_websocket``, ``frame`` and ``read_frame`` are the WebSocket bytes such a server reads and writes;
+``nothing_left_unclosed`` fails a test whose sockets or transports the garbage collector finds unclosed (a fixture
+of ``pytest_plugin``)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import gc
-import traceback
+import hashlib
+import ssl
+import threading
+import time
+import tracemalloc
 import warnings
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
-BOUND_S = 10.0
-"""How long a test's loop may run: a client that waits forever fails the test instead of hanging it."""
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+TEXT, BINARY, CONTINUATION, CLOSE, PING, PONG = 0x1, 0x2, 0x0, 0x8, 0x9, 0xA
 
 
-class Closable(Protocol):
-    async def close(self) -> None: ...
+class ServerThread:
+    """An event loop in a daemon thread of its own, where a test's raw servers (and proxies) run. Use it with
+    ``with``: leaving closes every server and connection it started."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="raw-servers", daemon=True)
+        self._servers: list[asyncio.Server] = []
+        self._writers: list[asyncio.StreamWriter] = []
+
+    def __enter__(self) -> ServerThread:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.run(self._close_all())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    def run(self, work: Coroutine[Any, Any, T]) -> T:
+        """What ``work`` gives, run in the servers' loop."""
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result(timeout=30)
+
+    def serve(self, handler: Handler, *, tls: ssl.SSLContext | None = None) -> int:
+        """The loopback port of a new server whose every connection ``handler`` plays, over TLS when given."""
+
+        async def started() -> int:
+            async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                self._writers.append(writer)
+                try:
+                    await handler(reader, writer)
+                except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+                    pass
+                finally:
+                    writer.close()
+
+            server = await asyncio.start_server(connected, "127.0.0.1", 0, ssl=tls)
+            self._servers.append(server)
+            return server.sockets[0].getsockname()[1]
+
+        return self.run(started())
+
+    async def _close_all(self) -> None:
+        for writer in self._writers:
+            writer.transport.abort()
+        for server in self._servers:
+            server.close()
+        for task in asyncio.all_tasks() - {asyncio.current_task()}:
+            task.cancel()
 
 
-Opened = asyncio.Server | asyncio.StreamWriter | Closable
+@dataclass(frozen=True)
+class Watched(Generic[T]):
+    """How a client's work went: what it gave, how long it took, the longest its event loop went without running
+    a callback, and the most memory it held at once (what ``tracemalloc`` traces, above what it held before)."""
+
+    value: T
+    seconds: float
+    longest_stall_s: float
+    peak_bytes: int
 
 
-def played(work: Awaitable[T], opened: list[Opened]) -> T:
-    """What ``work`` gives, run in an event loop of its own within ``BOUND_S``; everything in ``opened`` (servers,
-    their connections' writers, and anything with an async ``close``, such as a proxy) is closed before the loop
-    ends, however ``work`` ended. Raises AssertionError when chat_core raised in a callback of the loop (the test
-    servers' own errors, such as a connection the client reset, are theirs to show)."""
-    raised: list[str] = []
+def watched(work: Callable[[], Awaitable[T]], bound_s: float, *, memory: bool = True) -> Watched[T]:
+    """``work()`` run in a new event loop in a daemon thread, watched; its memory traced unless ``memory`` is off
+    (tracing makes allocating several times slower; ``peak_bytes`` is then 0). Raises AssertionError when it isn't
+    done within ``bound_s``: its loop froze or it waits for ever (the thread is left behind, stuck)."""
+    outcome: list[Any] = []
+    stalls = [0.0]
 
-    def noted(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
-        error = context.get("exception")
-        if isinstance(error, BaseException):
-            frames = traceback.extract_tb(error.__traceback__)
-            if any("/chat_core/" in frame.filename for frame in frames):
-                raised.append("".join(traceback.format_exception(error)))
-        loop.default_exception_handler(context)
+    async def ticking() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            stalls[0] = max(stalls[0], now - last - 0.01)
+            last = now
 
-    async def bounded() -> T:
-        asyncio.get_running_loop().set_exception_handler(noted)
+    async def main() -> T:
+        ticker = asyncio.create_task(ticking())
         try:
-            async with asyncio.timeout(BOUND_S):
-                return await work
+            return await work()
         finally:
-            while opened:
-                each = opened.pop()
-                if isinstance(each, asyncio.Server | asyncio.StreamWriter):
-                    each.close()
-                    if isinstance(each, asyncio.Server):
-                        await each.wait_closed()
-                else:
-                    await each.close()
+            ticker.cancel()
 
-    value = asyncio.run(bounded())
-    assert raised == [], f"chat_core raised in the event loop's callbacks:\n{raised[0]}"
-    return value
+    def run() -> None:
+        try:
+            outcome.append(("value", asyncio.run(main())))
+        except BaseException as e:
+            outcome.append(("error", e))
+
+    if memory:
+        tracemalloc.start()
+        tracemalloc.reset_peak()
+    base, _ = tracemalloc.get_traced_memory()
+    began = time.monotonic()
+    thread = threading.Thread(target=run, name="watched-client", daemon=True)
+    thread.start()
+    thread.join(bound_s)
+    seconds = time.monotonic() - began
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert outcome, f"the client wasn't done within {bound_s:g} s: its event loop froze or it waits for ever"
+    kind, value = outcome[0]
+    if kind == "error":
+        raise value
+    return Watched(value, seconds, stalls[0], peak - base)
+
+
+async def accept_websocket(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
+    """Read a WebSocket handshake and accept it with 101; its request head."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+    key = next(
+        line.split(":", 1)[1].strip() for line in head.split("\r\n") if line.lower().startswith("sec-websocket-key")
+    )
+    accept = base64.b64encode(hashlib.sha1(key.encode() + _GUID).digest()).decode()
+    writer.write(
+        (
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Accept: {accept}\r\n\r\n"
+        ).encode("latin-1")
+    )
+    return head
+
+
+def frame(opcode: int, payload: bytes, *, final: bool = True, length: int | None = None, rsv1: bool = False) -> bytes:
+    """A server's frame of ``opcode`` carrying ``payload``, unmasked; ``length`` announces another length than the
+    payload's, ``rsv1`` sets the bit a compression extension would."""
+    size = len(payload) if length is None else length
+    first = final << 7 | rsv1 << 6 | opcode
+    if size < 126:
+        head = bytes((first, size))
+    elif size < 1 << 16:
+        head = bytes((first, 126)) + size.to_bytes(2, "big")
+    else:
+        head = bytes((first, 127)) + size.to_bytes(8, "big")
+    return head + payload
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """The client's next frame as (opcode, payload), unmasked."""
+    first, second = await reader.readexactly(2)
+    size = second & 0x7F
+    if size == 126:
+        size = int.from_bytes(await reader.readexactly(2), "big")
+    elif size == 127:
+        size = int.from_bytes(await reader.readexactly(8), "big")
+    mask = await reader.readexactly(4) if second & 0x80 else b"\0\0\0\0"
+    data = await reader.readexactly(size)
+    return first & 0x0F, bytes(byte ^ mask[i % 4] for i, byte in enumerate(data))
 
 
 @contextmanager

@@ -42,10 +42,12 @@ NOT_SHIPPED = frozenset({"test_support", "agent_env", "openenv", "pytest"})
 """Top-level modules of the env server and of the tests, none of which the shipped functions may import."""
 _WHEELS = ("chat_core", "miles_helper", "slime_helper")
 _CHAT_CORE_REQUIREMENTS = [
+    "aiohttp>=3.12",
     'miles-helper==0.1.0; extra == "miles"',
     "orjson>=3.9",
     'slime-helper==0.1.0; extra == "slime"',
     "tqdm>=4.66",
+    "websockets>=15",
 ]
 _DROPPED_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")
 _REQUIREMENTS = """

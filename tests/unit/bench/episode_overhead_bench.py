@@ -7,7 +7,8 @@ model turn (min and median of 3 runs) in two rounds of episodes played one after
 first round opens a WebSocket session and a chat connection for each episode playing at once (and pays for the
 loop's shutdown), the second starts on the sessions the first parked, as a rollout's or an evaluate's episodes
 beyond the first N do. Then the loop's own wall time per turn from ``EpisodeResult.timings`` (wall - env - model -
-capacity wait); then 1,024 episodes with 2 s model turns, one round, with the cores the driver used; then
+capacity wait); then 1,024 episodes with 2 s model turns, one round, with the cores the driver used and the rise of
+its peak RSS per episode in flight (median of the runs, each from the RSS before it); then
 ``prepare``'s tasks per second from a stand-in of 10,000 tasks at two ``--concurrency`` values.
 
 Run: ``./bazelw run //tests/unit/bench:episode_overhead [-- --smoke]``; ``--smoke`` runs every part on a few
@@ -176,14 +177,40 @@ def episodes_table(frames: Path, concurrencies: tuple[int, ...], runs: int, leas
     print_table("A model answering at once: the driver's own CPU per model turn", table)
 
 
+def memory_kib(field: str) -> int:
+    """A field of this process's ``/proc/self/status`` (``VmRSS``, ``VmHWM``: its peak since ``reset_peak``), KiB."""
+    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(field + ":"))
+    return int(line.split()[1])
+
+
+def reset_peak() -> None:
+    """Start this process's peak RSS (``VmHWM``) over from its RSS now."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 def slow_table(frames: Path, episodes: int, turn_s: float, runs: int) -> None:
-    table = [["episodes at once", "model turn s", "CPU ms/turn", "cores used", "episode s (mean)", "ideal s"]]
+    table = [
+        [
+            "episodes at once",
+            "model turn s",
+            "CPU ms/turn",
+            "cores used",
+            "episode s (mean)",
+            "ideal s",
+            "peak RSS MB/ep",
+        ]
+    ]
     with (
         stand_in.served("env", str(frames), "--tasks", "64") as env_url,
         stand_in.served("model", "--delay", str(turn_s)) as model_url,
     ):
         rows, _ = rows_of(env_url)
-        done = [run(rows, model_url, episodes, episodes)[0] for _ in range(runs)]
+        done, rises = [], []
+        for _ in range(runs):
+            reset_peak()
+            before = memory_kib("VmRSS")
+            done.append(run(rows, model_url, episodes, episodes)[0])
+            rises.append((memory_kib("VmHWM") - before) / 1024 / episodes)
     best = min(done, key=lambda each: each.cpu_s)
     turns = best.model_turns // episodes
     table.append(
@@ -194,6 +221,7 @@ def slow_table(frames: Path, episodes: int, turn_s: float, runs: int) -> None:
             f"{best.cpu_s / best.wall_s:.3f}",
             f"{statistics.mean(result.timings.wall_s for result in best.results):.2f}",
             f"{turns * turn_s:g}",
+            f"{statistics.median(rises):.3f}",
         ]
     )
     print_table(f"{episodes} episodes with {turn_s:g} s model turns (the run of least CPU of {runs})", table)

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chat_core.episode import ChatEndpoint, Limits
+from chat_core import ChatEndpoint, Limits
 from chat_core.evaluate import EPISODES, Run, evaluate
 from chat_core.rows import EpisodeRef
 from test_support.loopback import LoopbackServer, Request

@@ -1,0 +1,152 @@
+"""The chat side of an episode: where the model answers (``ChatEndpoint``), a chat request sent as chat_core's retry
+policy says (``post``, which the episode loop and ``evaluate``'s pre-flight share), and a chat completion read as the
+reply the loop plays (``reply_of``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from chat_core._http import Answer, ConnectionRefused, check_url, request
+from chat_core._wire import excerpt, parse_json, wire_text
+from chat_core.retry import chat_retry_wait
+
+logger = logging.getLogger(__name__)
+_TEXT_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class ChatEndpoint:
+    """Where the model answers: ``url`` is a full ``.../v1/chat/completions`` URL, ``model`` the body's model name,
+    and ``headers`` go with every request (e.g. ``Authorization: Bearer <session id>``)."""
+
+    url: str
+    model: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def request_headers(self) -> dict[str, str]:
+        """The headers of its chat requests: JSON bodies, and ``headers``. Raises ValueError when requests to
+        ``url`` with them can't be sent (see ``chat_core._http.check_url``)."""
+        headers = {"Content-Type": "application/json", "Accept": "application/json", **self.headers}
+        check_url(self.url, headers)
+        return headers
+
+
+async def post(
+    chat: ChatEndpoint,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    deadline: float,
+    max_answer_bytes: int,
+    retried: Callable[[], None] = lambda: None,
+) -> Answer:
+    """The chat endpoint's answer to ``body`` (sent with ``headers``), read up to ``max_answer_bytes``. A refused
+    connection and a retryable status (``chat_core.retry``) are tried again after the backoff, or the
+    ``Retry-After`` seconds when longer (``chat_core.retry.chat_retry_wait``), while the wait ends before the
+    monotonic ``deadline``; ``retried`` is called
+    before each retry. Then the last answer is returned, whatever its status; raises ``chat_core._http``'s HttpError
+    (ConnectionRefused, AnswerTooLong) when the last attempt got no answer. The caller bounds the time."""
+    attempt = 0
+    while True:
+        try:
+            answer = await request(
+                "POST", chat.url, headers, body, max_body_bytes=max_answer_bytes, limit_name="max_chat_answer_bytes"
+            )
+        except ConnectionRefused:
+            if (wait := chat_retry_wait(attempt, None, None, deadline - time.monotonic())) is None:
+                raise
+            why = "refused the connection"
+        else:
+            retry_after = answer.headers.get("Retry-After")
+            if (wait := chat_retry_wait(attempt, answer.status, retry_after, deadline - time.monotonic())) is None:
+                return answer
+            why = f"answered HTTP {answer.status}"
+        logger.info("[chat_core] %s %s; sending the chat request again in %.1f s", chat.url, why, wait)
+        retried()
+        attempt += 1
+        await asyncio.sleep(wait)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The model's answer, as the transcript keeps it, with its text and tool calls read out, and whether it was cut
+    at the model's token limit."""
+
+    message: dict[str, Any]
+    text: str
+    tool_calls: list[dict[str, Any]]
+    truncated: bool
+
+
+class UnreadableReply(Exception):
+    """The chat endpoint's answer can't be read as a chat completion; the message says what is wrong with it."""
+
+
+def reply_of(raw: bytes, seen: int) -> Reply:
+    """The reply in a chat completion; raises UnreadableReply saying what is wrong with it. Tool calls without an id get
+    one, unique in the episode, so each can be answered."""
+    try:
+        completion = parse_json(raw)
+    except ValueError as e:
+        raise UnreadableReply(
+            f"answered with something that isn't JSON ({e}): {excerpt(wire_text(raw), _TEXT_LIMIT)}"
+        ) from None
+    choices = completion.get("choices") if isinstance(completion, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        raise UnreadableReply(f"answered without a choice holding a message: {excerpt(wire_text(raw), _TEXT_LIMIT)}")
+    if choice.get("finish_reason") == "abort":
+        raise UnreadableReply("aborted the reply (finish_reason 'abort')")
+    text = _text_of(message.get("content"))
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list) or not all(
+        isinstance(call, dict)
+        and isinstance(call.get("function"), dict)
+        and isinstance(call["function"].get("name"), str)
+        for call in calls
+    ):
+        raise UnreadableReply(f"answered with tool calls that aren't OpenAI tool calls: {excerpt(calls, _TEXT_LIMIT)}")
+    calls = [
+        call if isinstance(call.get("id"), str) and call["id"] else {**call, "id": f"call_{seen}_{position}"}
+        for position, call in enumerate(calls)
+    ]
+    kept = {key: value for key, value in message.items() if value is not None}
+    kept["role"] = "assistant"
+    if calls:
+        kept["tool_calls"] = calls
+    else:
+        kept.pop("tool_calls", None)
+    return Reply(message=kept, text=text, tool_calls=calls, truncated=choice.get("finish_reason") == "length")
+
+
+def _text_of(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(part, dict) for part in content):
+        return "".join(str(part.get("text") or "") for part in content if part.get("type") == "text")
+    raise UnreadableReply(f"answered with content that is neither text nor text parts: {excerpt(content, _TEXT_LIMIT)}")
+
+
+def arguments_of(raw: Any) -> dict[str, Any] | str:
+    """A tool call's arguments as an object, or why they aren't one. No arguments at all read as ``{}``."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return {}
+    if isinstance(raw, dict):
+        return raw
+    if not isinstance(raw, str):
+        return f"the arguments must be a JSON object, not {type(raw).__name__}"
+    try:
+        parsed = parse_json(raw)
+    except ValueError as e:
+        return f"the arguments aren't valid JSON ({e}): {excerpt(raw, _TEXT_LIMIT)}"
+    if not isinstance(parsed, dict):
+        return f"the arguments must be a JSON object, not {excerpt(raw, _TEXT_LIMIT)}"
+    return parsed
