@@ -538,6 +538,19 @@ def test_past_the_model_deadline_the_episode_is_abandoned(
     assert len(result.turns) == 2
 
 
+def test_the_model_deadline_bounds_all_of_an_episodes_model_calls_together(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    # Each reply alone comes within the deadline; the two together don't.
+    steps = [delay(2.5, text("Welcome to the warehouse!")), delay(2.5, text("Goodbye, and thank you!"))]
+
+    result = _play(sample_env, rows["two_turns"], scripted_model, steps, limits=Limits(model_deadline_s=4))
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.MODEL_DEADLINE]
+    assert [turn.model_calls for turn in result.turns] == [1, 0]
+
+
 def test_an_env_call_past_its_deadline_is_flagged_and_its_session_closed(
     sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
 ) -> None:

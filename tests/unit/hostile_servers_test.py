@@ -417,6 +417,29 @@ def test_an_env_server_whose_tls_cant_be_trusted_is_unreachable(
     assert "CERTIFICATE_VERIFY_FAILED" in result.flags[0].message
 
 
+def test_an_env_server_that_never_answers_the_reset_ends_the_episode_at_the_call_deadline(
+    servers: ServerThread, scripted_model: ScriptedModel
+) -> None:
+    # The session opens and the reset is read, then nothing: without the deadline on the reset, only the client's
+    # keepalive pings (unanswered for PING_INTERVAL_S + PING_TIMEOUT_S, 40 s) would end the wait.
+    received: list[bytes] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await accept_websocket(reader, writer)
+        while True:
+            received.append((await read_frame(reader))[1])
+
+    chat = ChatEndpoint(scripted_model.base_url + "/chat/completions", "policy")
+    row = fake_row(f"http://127.0.0.1:{servers.serve(silent)}")
+
+    result = watched(lambda: play(row, chat, {}, Limits(env_call_deadline_s=1)), 10.0).value
+
+    assert kinds(result) == [FlagKind.ENV_DEADLINE] and result.reward is None
+    assert "didn't answer reset within 1 s" in result.flags[0].message
+    assert json.loads(received[0])["type"] == "reset"
+    assert scripted_model.requests == []
+
+
 def test_a_stopped_env_server_ends_its_episodes_within_a_minute(tmp_path: Path, scripted_model: ScriptedModel) -> None:
     # A paused VM or a partitioned node: the connection stays up and nothing answers, not even the client's pings.
     scripted_model.script([tool_call("wait_for_truck", {"seconds": 5}), *SCRIPTS["played"]], session="stopped")

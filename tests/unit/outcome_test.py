@@ -9,12 +9,13 @@ import contextlib
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from chat_core import OUTCOME_KEY, ChatEndpoint, EpisodeOutcome, EpisodeResult, FlagKind, Limits, play
 from chat_core.filters import Episode, scored_group_drop, scored_nonzero_std_group_drop
-from chat_core.metrics import episode_metrics
+from chat_core.metrics import episode_metrics, rollout_log_metrics
 from chat_core.prepare import write_rows
 from test_support import SCRIPTS, ScriptedModel, ServedBundle, error, text
 
@@ -160,6 +161,35 @@ def test_metrics_count_each_episode_once_whatever_its_samples():
     assert (metrics["turns_mean"], metrics["turns_p90"]) == (7 / 4, 3.0)
     assert (metrics["tool_calls_mean"], metrics["tool_calls_p90"]) == (1.0, 4.0)
     assert metrics["env_s_mean"] == 2.0 and metrics["wall_s_mean"] == 3.5
+
+
+@dataclass(frozen=True)
+class TrainingSample:
+    """What the metrics read of a trainer's training sample; slime's and Miles' ``Sample`` have these fields."""
+
+    index: int
+    rollout_id: int
+    metadata: dict[str, Any]
+
+
+def test_a_rollout_log_counts_an_episode_once_by_its_rollout_whatever_its_samples_indexes(
+    sample_env, rows, scripted_model
+):
+    # slime's adapter gives an episode's samples one index today; a trainer numbering each sample wouldn't.
+    two_turns = EpisodeOutcome.of(_played(scripted_model, rows["two_turns"], SCRIPTS["two_turns"]))
+    scores_zero = EpisodeOutcome.of(_played(scripted_model, rows["scores_zero"], SCRIPTS["scores_zero"]))
+    samples = [
+        TrainingSample(index=4, rollout_id=7, metadata={OUTCOME_KEY: two_turns.to_metadata()}),
+        TrainingSample(index=5, rollout_id=7, metadata={OUTCOME_KEY: two_turns.to_metadata()}),
+        TrainingSample(index=6, rollout_id=8, metadata={OUTCOME_KEY: scores_zero.to_metadata()}),
+    ]
+
+    metrics = rollout_log_metrics(samples)
+
+    assert metrics["rollout/episode/episodes"] == 2
+    assert metrics["rollout/episode/samples_per_episode"] == 1.5
+    assert metrics["rollout/episode/reward_mean"] == 0.5
+    assert metrics["rollout/episode/turns_mean"] == 1.5
 
 
 def test_play_reports_each_stretch_of_the_episode_as_a_span(sample_env, rows, scripted_model):

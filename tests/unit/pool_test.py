@@ -1,11 +1,12 @@
 """A pool of env servers, played through real ``build_app`` servers on loopback and the scripted model: episodes
-spread over the replicas within each one's session limit, a replica that dies is skipped and tried again once it is
-back, a server serving another bundle is refused before anything plays, and rows prepared at one address play
-through the pool's addresses."""
+spread over the replicas within each one's session limit, each starting on the one with the fewest in flight, a
+replica that dies is skipped and tried again once it is back, a server serving another bundle is refused before
+anything plays, and rows prepared at one address play through the pool's addresses."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 from collections import Counter
@@ -80,6 +81,37 @@ def test_episodes_spread_over_the_replicas_within_each_ones_sessions(
     assert [(result.reward, result.flags) for result in results] == [(1.0, [])] * 12
     assert set(Counter(result.env_server for result in results)) == set(_urls(*pool))
     assert set(EnvPool.of(limits.env_servers).in_flight().values()) == {0}
+
+
+def test_each_episode_starts_on_the_server_with_the_fewest_episodes_in_flight(
+    pool: list[ServedBundle], rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    # One episode stays in flight on one server while three play one after another: each of the three finds the
+    # other server with none in flight, so all of them start there. Taking turns would send the second of them to the
+    # busy server, and picking at random most likely one of them.
+    servers = pool[:2]
+    limits = Limits(env_servers=_urls(*servers))
+
+    async def three_beside_a_held_one() -> tuple[list[ServedBundle], list[EpisodeResult]]:
+        held = asyncio.create_task(
+            _played(rows["reply_only"], scripted_model, [delay(60, text("A banana."))], "held", limits)
+        )
+        await until(lambda: scripted_model.requests_of("held"), "the held episode asking the model")
+        holding = [server for server in servers if server.open_episodes() == 1]
+        later = [
+            await _played(rows["reply_only"], scripted_model, SCRIPTS["reply_only"], f"next{n}", limits)
+            for n in range(3)
+        ]
+        held.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await held
+        return holding, later
+
+    holding, later = asyncio.run(three_beside_a_held_one())
+
+    assert len(holding) == 1
+    [free] = [server for server in servers if server is not holding[0]]
+    assert [(result.reward, result.env_server) for result in later] == [(1.0, free.url)] * 3
 
 
 def test_rows_prepared_at_another_address_play_through_the_pool(
