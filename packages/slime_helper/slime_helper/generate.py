@@ -5,7 +5,9 @@
 Episode bounds are chat_core's defaults unless slime's ``--custom-config-path`` YAML sets ``episode_max_turns``,
 ``episode_max_tool_calls_per_turn``, ``episode_model_deadline_s``, ``episode_env_call_deadline_s``,
 ``episode_max_chat_answer_bytes`` or ``episode_max_env_message_bytes`` (slime puts its keys on ``args``);
-``episode_env_servers``, a list of URLs, names the pool of env servers that plays the rows (``chat_core.pool``).
+``episode_env_servers``, a list of URLs, names the pool of env servers that plays the rows (``chat_core.pool``);
+``episode_append_only_chat: false`` turns off the append-only rendering of Qwen3 chats that makes an episode one
+sample (``slime_helper.adapter``).
 
 Per sample: open a session on the process's adapter → play the row's episode through it (``chat_core.play``) →
 ``finish_session``: the turns the adapter recorded, as samples carrying the episode's reward, so slime runs no
@@ -50,18 +52,20 @@ async def generate(args: Namespace, sample: Any, sampling_params: dict[str, Any]
     """Play ``sample``'s episode (its metadata is a row's, as ``python -m chat_core.prepare`` writes it) with the
     model slime serves, and return it as slime samples.
 
-    The samples are the adapter's: one per stretch of turns it could join into one token sequence (a sample per
-    turn when the chat template re-renders earlier turns differently, as Qwen3's does with thinking off), each with
-    the episode's reward (0.0 when it has none), the base sample's trace and, in ``metadata``, the row's metadata
-    plus the episode's outcome under ``chat_core.OUTCOME_KEY``. An episode with no turn recorded comes back as one
-    aborted sample marked ``remove_sample``. In an eval (``evaluation=True``) the session is dropped and the episode
-    comes back as one sample holding its reward with nothing to train, since slime's eval averages over samples.
+    The samples are the adapter's: one per stretch of turns it could join into one token sequence (one for the
+    whole episode when the chat is rendered append-only; a sample per turn when the chat template re-renders earlier
+    turns differently, as Qwen3's own does with thinking off), each with the episode's reward (0.0 when it has
+    none), the base sample's trace and, in ``metadata``, the row's metadata plus the episode's outcome under
+    ``chat_core.OUTCOME_KEY``. An episode with no turn recorded comes back as one aborted sample marked
+    ``remove_sample``. In an eval (``evaluation=True``) the session is dropped and the episode comes back as one
+    sample holding its reward with nothing to train, since slime's eval averages over samples.
 
     Raises MissingToolParser without ``--sglang-tool-call-parser``, chat_core's MissingFilter unless
     ``--dynamic-sampling-filter-path`` names one of this helper's filters, MissingEpisodeNormalization without
     ``--custom-reward-post-process-path`` where slime normalises rewards per group, UnsupportedSlime when slime
-    lacks what the helper uses, and ValueError when the sample's metadata isn't a row's. When cancelled, drops the
-    session, closes the episode without running its verifiers and re-raises."""
+    lacks what the helper uses, and ValueError when the sample's metadata isn't a row's or
+    ``episode_append_only_chat`` isn't true or false. When cancelled, drops the session, closes the episode without
+    running its verifiers and re-raises."""
     api = slime()
     service = AdapterService.of(args)
     sid = f"slime-helper-{uuid.uuid4().hex}"
