@@ -31,7 +31,7 @@ from slime.agent.trajectory import TurnRecord
 from slime_helper import AdapterService
 from slime_helper.append_only import AppendOnlyTokenizer, turn_session
 from slime_helper.qwen3_chat import Qwen3Chat
-from test_support import SAMPLE_BUNDLE, serve_bundle, text, tool_call
+from test_support import SAMPLE_BUNDLE, serve_bundle, text, tool_call, tool_calls
 from test_support.qwen3 import END_OF_TURN, qwen3_text
 from test_support.script import Reply
 
@@ -269,6 +269,30 @@ def test_through_slimes_train_data_conversion_each_one_sample_episode_gets_its_o
     assert train["loss_masks"] == [sample.loss_mask for sample in samples]
     assert train["rollout_mask_sums"] == [sum(sample.loss_mask) for sample in samples]
     assert rollout_log_metrics(samples)["rollout/episode/samples_per_episode"] == 1.0
+
+
+def test_a_reply_of_parallel_tool_calls_is_flagged_counted_and_still_one_sample(launch, sglang, tokenizer):
+    args = launch(thinking=False)
+    both = tool_calls(tool_call("find_crate", {"name": "pears"}), tool_call("find_crate", {"name": "apples"}))
+    sglang.script_of = lambda prompt: [both, text("The pears are on shelf 9C.")]
+
+    episodes = rollout(args, group_of(args, "played"))
+
+    for samples in episodes:
+        [sample] = samples
+        outcome = EpisodeOutcome.from_metadata(sample.metadata)
+        assert outcome.scored and outcome.tool_calls == 1 and outcome.dropped_tool_calls == 1
+        [flag] = outcome.flags
+        assert str(flag.kind) == "tool_calls_dropped" and not flag.fatal
+        assert flag.message.startswith("reply 1 made 2 tool calls (find_crate, find_crate)")
+        trained = [
+            token
+            for token, mask in zip(sample.tokens[-sample.response_length :], sample.loss_mask, strict=True)
+            if mask
+        ]
+        assert tokenizer.decode(trained) == qwen3_text(both) + END_OF_TURN + "The pears are on shelf 9C." + END_OF_TURN
+    metrics = rollout_log_metrics([sample for samples in episodes for sample in samples])
+    assert metrics["rollout/episode/dropped_tool_calls_mean"] == 1.0
 
 
 @pytest.fixture

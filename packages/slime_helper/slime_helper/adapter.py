@@ -9,7 +9,9 @@ It is built on the first rollout from slime's launch flags (tokenizer from ``--h
 When the tokenizer's chat template is Qwen3's, the adapter renders each session append-only
 (``append_only.AppendOnlyTokenizer``), so an episode comes back as one sample, unless the ``--custom-config-path``
 YAML sets ``episode_append_only_chat: false``. The adapter is slime's own class with its hooks extended: each
-request's session is bound for the rendering, and each recorded turn is held for the session's next one.
+request's session is bound for the rendering, each recorded turn is held for the session's next one, and the tool
+calls of a reply that slime's adapter doesn't pass on (all but the first) are kept per session
+(``AdapterService.dropped_tool_calls``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import functools
 import logging
 from argparse import Namespace
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -113,6 +116,38 @@ class AdapterService:
         """The chat endpoint whose requests belong to session ``sid``."""
         return ChatEndpoint(url=self.chat_url, model=self._model, headers={"Authorization": f"Bearer {sid}"})
 
+    def dropped_tool_calls(self, sid: str) -> list[DroppedToolCalls]:
+        """The replies of open session ``sid`` so far that made more than one tool call, of which slime's adapter
+        passed on only the first."""
+        return self.adapter.dropped_tool_calls(sid)
+
+
+@dataclass(frozen=True)
+class DroppedToolCalls:
+    """A reply, the session's ``reply``-th, that made the tool calls ``names``: slime's adapter passes on only the
+    first and records only that one in the turn's history (``wire_tool_calls[:1]``), so the episode's env never runs
+    the others, though the model generated them and slime trains on every token it generated."""
+
+    reply: int
+    names: tuple[str, ...]
+
+    @property
+    def dropped(self) -> int:
+        return len(self.names) - 1
+
+    @property
+    def message(self) -> str:
+        return (
+            f"reply {self.reply} made {len(self.names)} tool calls ({', '.join(self.names)}); slime's adapter passed "
+            f"on only the first, so the env never ran the other {self.dropped}, though they are trained on"
+        )
+
+
+@dataclass
+class _SessionReplies:
+    replies: int = 0
+    dropped: list[DroppedToolCalls] = field(default_factory=list)
+
 
 def _tokenizer(tokenizer: Any, template_kwargs: dict[str, Any], append_only: bool) -> Any:
     """The tokenizer the adapter renders with: append-only when ``append_only`` and its template is Qwen3's,
@@ -137,16 +172,23 @@ def _episode_adapter(openai_adapter: type) -> type:
     class EpisodeAdapter(openai_adapter):
         """slime's ``OpenAIAdapter``, which also binds each request's session while the request is served
         (``append_only.turn_session``), hands each turn it records to an ``AppendOnlyTokenizer`` (through the
-        adapter's ``debug_callback``, slime's one hook that sees a recorded turn's tokens), and gives the turn it
-        records the reply's reasoning as the client gets it back."""
+        adapter's ``debug_callback``, slime's one hook that sees a recorded turn's tokens), gives the turn it
+        records the reply's reasoning as the client gets it back, and keeps each open session's
+        ``dropped_tool_calls``."""
 
         def __init__(self, *, tokenizer: Any, **kwargs: Any):
             self._appended = tokenizer if isinstance(tokenizer, AppendOnlyTokenizer) else None
             recorded = self._appended.record if self._appended is not None else None
             super().__init__(tokenizer=tokenizer, debug_callback=recorded, **kwargs)
+            self._replies: dict[str, _SessionReplies] = {}
+
+        def dropped_tool_calls(self, sid: str) -> list[DroppedToolCalls]:
+            replies = self._replies.get(sid)
+            return list(replies.dropped) if replies is not None else []
 
         def open_session(self, sid: str, **kwargs: Any) -> None:
             super().open_session(sid, **kwargs)
+            self._replies[sid] = _SessionReplies()
             if self._appended is not None:
                 self._appended.open(sid)
 
@@ -163,6 +205,7 @@ def _episode_adapter(openai_adapter: type) -> type:
                 self._forget(sid)
 
         def _forget(self, sid: str) -> None:
+            self._replies.pop(sid, None)
             if self._appended is not None:
                 self._appended.forget(sid)
 
@@ -178,6 +221,11 @@ def _episode_adapter(openai_adapter: type) -> type:
             # the turn.
             if parsed.reasoning:
                 reply.manager_message["reasoning_content"] = parsed.reasoning
+            if (replies := self._replies.get(turn_session.get())) is not None:
+                replies.replies += 1
+                if len(parsed.tool_uses) > 1:
+                    names = tuple(str(call.get("name", "tool")) for call in parsed.tool_uses)
+                    replies.dropped.append(DroppedToolCalls(replies.replies, names))
             return reply
 
     return EpisodeAdapter

@@ -12,7 +12,8 @@ sample (``slime_helper.adapter``).
 Per sample: open a session on the process's adapter → play the row's episode through it (``chat_core.play``) →
 ``finish_session``: the turns the adapter recorded, as samples carrying the episode's reward, so slime runs no
 reward model. An eval drops the session and returns one sample per episode. The episode's spans go on the sample's
-trace as they happen, and its outcome (``chat_core.EpisodeOutcome``) into every sample's metadata.
+trace as they happen, and its outcome (``chat_core.EpisodeOutcome``) into every sample's metadata, with a
+``tool_calls_dropped`` flag for each reply whose tool calls beyond the first slime's adapter didn't pass on.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import logging
 import uuid
 from argparse import Namespace
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from chat_core import OUTCOME_KEY, EpisodeOutcome, EpisodeResult, Limits, play
+from chat_core import OUTCOME_KEY, EpisodeOutcome, EpisodeResult, Flag, FlagKind, Limits, play
 
 from slime_helper._slime import slime
-from slime_helper.adapter import AdapterService
+from slime_helper.adapter import AdapterService, DroppedToolCalls
 from slime_helper.observability import SampleTrace
 
 logger = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ async def generate(args: Namespace, sample: Any, sampling_params: dict[str, Any]
             episode_limits(args),
             trace=SampleTrace(sample),
         )
+        outcome = _outcome(result, service.dropped_tool_calls(sid))
         if not result.scored:
             logger.warning(
                 "%s episode %s is unscored: %s",
@@ -86,17 +89,17 @@ async def generate(args: Namespace, sample: Any, sampling_params: dict[str, Any]
                 "; ".join(f"{flag.kind}: {flag.message}" for flag in result.flags if flag.fatal) or "no reward",
             )
         if evaluation:
-            return [_untrained(sample, result, api.Sample.Status.COMPLETED)]
+            return [_untrained(sample, result, outcome, api.Sample.Status.COMPLETED)]
         samples = await service.adapter.finish_session(
             sid,
             base_sample=sample,
             reward=_reward_of(result),
-            extra_metadata=_metadata(sample, result),
+            extra_metadata=_metadata(sample, outcome),
         )
         if (trace := getattr(sample, "trace", None)) is not None:
             for played in samples:
                 played.trace = trace
-        return samples or [_untrained(sample, result, api.Sample.Status.ABORTED)]
+        return samples or [_untrained(sample, result, outcome, api.Sample.Status.ABORTED)]
     finally:
         await service.adapter.drop_session(sid)
 
@@ -118,11 +121,21 @@ def _reward_of(result: EpisodeResult) -> float:
     return result.reward if result.scored else 0.0
 
 
-def _metadata(sample: Any, result: EpisodeResult) -> dict[str, Any]:
-    return {**(sample.metadata or {}), OUTCOME_KEY: EpisodeOutcome.of(result).to_metadata()}
+def _outcome(result: EpisodeResult, dropped: list[DroppedToolCalls]) -> EpisodeOutcome:
+    """The episode's outcome, with a ``tool_calls_dropped`` flag for each reply in ``dropped`` and their count."""
+    outcome = EpisodeOutcome.of(result)
+    return replace(
+        outcome,
+        flags=outcome.flags + tuple(Flag(FlagKind.TOOL_CALLS_DROPPED, reply.message) for reply in dropped),
+        dropped_tool_calls=sum(reply.dropped for reply in dropped),
+    )
 
 
-def _untrained(sample: Any, result: EpisodeResult, status: Any) -> Any:
+def _metadata(sample: Any, outcome: EpisodeOutcome) -> dict[str, Any]:
+    return {**(sample.metadata or {}), OUTCOME_KEY: outcome.to_metadata()}
+
+
+def _untrained(sample: Any, result: EpisodeResult, outcome: EpisodeOutcome, status: Any) -> Any:
     """``sample`` as one placeholder token with nothing to train, holding the episode's reward and flags: slime's
     own agent examples shape their eval and aborted samples this way."""
     sample.tokens = [0, 0]
@@ -133,5 +146,5 @@ def _untrained(sample: Any, result: EpisodeResult, status: Any) -> Any:
     sample.reward = _reward_of(result)
     sample.remove_sample = True
     sample.status = status
-    sample.metadata = _metadata(sample, result)
+    sample.metadata = _metadata(sample, outcome)
     return sample
