@@ -1,12 +1,9 @@
-"""GRPO advantages per episode, through slime's own train-data conversion: groups read by slime's data source,
-played through ``generate_and_rm_group`` with thinking off (a sample per turn), kept or dropped by the launch's
-dynamic filter, flattened as slime's rollout manager does, and converted by ``RolloutManager``'s own
-``_post_process_rewards`` and ``_convert_samples_to_train_data`` with the launch's
-``--custom-reward-post-process-path`` resolved by slime's ``load_function``.
-
-``RolloutManager`` is a Ray actor; its methods are reached on the class behind the actor
-(``__ray_metadata__.modified_class``) with ``__init__`` skipped, since that starts SGLang engines, and only the
-attributes the two methods read are set, as ``__init__`` sets them."""
+"""GRPO advantages per episode, through slime's own train-data conversion (``rollout.rollout_manager``): groups read
+by slime's data source, played through ``generate_and_rm_group`` with thinking off and the append-only rendering off
+(``episode_append_only_chat: false``: a sample per turn, as a fork still gives where the rendering is on), kept or
+dropped by the launch's dynamic filter, flattened as slime's rollout manager does, and converted by
+``RolloutManager``'s own ``_post_process_rewards`` and ``_convert_samples_to_train_data`` with the launch's
+``--custom-reward-post-process-path`` resolved by slime's ``load_function``."""
 
 from __future__ import annotations
 
@@ -15,23 +12,9 @@ import statistics
 from collections import defaultdict
 
 import pytest
-from rollout import TASKS, first_hits_then_misses, played_batch
-from slime.ray.rollout import RolloutManager
-from slime.utils.misc import load_function
+from rollout import SAMPLE_PER_TURN, TASKS, first_hits_then_misses, played_batch, rollout_manager
 from slime.utils.types import Sample
 from slime_helper import EpisodeRewardMismatch, normalize_per_episode
-
-
-def rollout_manager(args, *, post_process: bool = True):
-    """slime's ``RolloutManager`` for ``args`` without its engines, post-processing rewards with the launch's
-    ``--custom-reward-post-process-path`` (slime's own normalisation when ``post_process`` is False)."""
-    manager = object.__new__(RolloutManager.__ray_metadata__.modified_class)
-    manager.args = args
-    manager.custom_convert_samples_to_train_data_func = None
-    manager.custom_reward_post_process_func = (
-        load_function(args.custom_reward_post_process_path) if post_process else None
-    )
-    return manager
 
 
 def episodes_of(samples) -> dict[int, dict[int, list[int]]]:
@@ -63,7 +46,7 @@ def batch_wide_grpo(samples) -> list[float]:
 
 @pytest.fixture
 def batch(launch, sglang, env_server):
-    args = launch(thinking=False)
+    args = launch(thinking=False, config=SAMPLE_PER_TURN)
     sglang.script_of = first_hits_then_misses(env_server)
     return args, played_batch(args)
 

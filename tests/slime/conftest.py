@@ -91,24 +91,27 @@ def launch(
 ) -> Callable[..., Namespace]:
     """slime's arguments for a launch with this project's hooks, parsed once per variant: ``thinking=False`` adds
     ``--apply-chat-template-kwargs '{"enable_thinking": false}'``, ``tool_parser=False`` leaves out
-    ``--sglang-tool-call-parser qwen25``, and ``config`` (YAML text) is passed as ``--custom-config-path``."""
-    parsed: dict[tuple[bool, bool, str], Namespace] = {}
+    ``--sglang-tool-call-parser qwen25``, ``config`` (YAML text) is passed as ``--custom-config-path``, and ``extra``
+    flags come last."""
+    parsed: dict[tuple[bool, bool, str, tuple[str, ...]], Namespace] = {}
 
-    def args(*, thinking: bool = True, tool_parser: bool = True, config: str = "") -> Namespace:
-        if (thinking, tool_parser, config) not in parsed:
-            extra = [*([] if thinking else THINKING_OFF), *(["--sglang-tool-call-parser", "qwen25"] * tool_parser)]
+    def args(*, thinking: bool = True, tool_parser: bool = True, config: str = "", extra: tuple[str, ...] = ()):
+        variant = (thinking, tool_parser, config, extra)
+        if variant not in parsed:
+            flags = [*([] if thinking else THINKING_OFF), *(["--sglang-tool-call-parser", "qwen25"] * tool_parser)]
             if config:
                 path = tmp_path_factory.mktemp("config") / "custom.yaml"
                 path.write_text(config)
-                extra += ["--custom-config-path", str(path)]
+                flags += ["--custom-config-path", str(path)]
             command = slime_command(
                 checkpoint,
                 (sglang_server.host, sglang_server.port),
                 rows / "all.jsonl",
                 {EVAL_SPLIT: rows / f"{EVAL_SPLIT}.jsonl"},
+                *flags,
                 *extra,
             )
-            parsed[thinking, tool_parser, config] = parse_slime_args(command)
-        return parsed[thinking, tool_parser, config]
+            parsed[variant] = parse_slime_args(command)
+        return parsed[variant]
 
     return args

@@ -10,7 +10,7 @@ import time
 import pytest
 from chat_core import EpisodeOutcome
 from launch import EVAL_SPLIT
-from rollout import group_of, on_slime_loop, rollout, sampling_params, split_response
+from rollout import SAMPLE_PER_TURN, group_of, on_slime_loop, rollout, sampling_params, split_response
 from slime.rollout.filter_hub.base_types import call_dynamic_filter, should_drop_dynamic_filter_output
 from slime.rollout.sglang_rollout import eval_rollout_single_dataset, generate_and_rm_group
 from slime.utils.misc import load_function
@@ -152,10 +152,10 @@ def test_a_rollout_cancelled_mid_episode_drops_its_sessions_and_closes_its_episo
 @pytest.mark.parametrize(
     ("thinking", "samples_per_episode"), [(False, 2), (True, 1)], ids=["thinking-off", "thinking-on"]
 )
-def test_with_thinking_off_each_turn_comes_back_as_its_own_sample_with_the_reward(
+def test_with_qwen3s_own_template_and_thinking_off_each_turn_comes_back_as_its_own_sample_with_the_reward(
     launch, sglang, tokenizer, thinking, samples_per_episode
 ):
-    args = launch(thinking=thinking)
+    args = launch(thinking=thinking, config=SAMPLE_PER_TURN)
     before = len(sglang.requests)
     played = rollout(args, group_of(args, "two_turns"))
 

@@ -10,7 +10,8 @@ import pytest
 from launch import parse_slime_args
 from launches import MAX_TURNS, TRAIN_SPLIT, Run, function_paths, slime_args, write_slime_config
 from slime.utils.misc import load_function
-from slime_helper import keep_scored_nonzero_std_groups, log_eval_rollout, log_rollout
+from slime_helper import AdapterService, keep_scored_nonzero_std_groups, log_eval_rollout, log_rollout
+from slime_helper.append_only import AppendOnlyTokenizer
 from slime_helper.generate import episode_limits, generate
 from slime_helper.rewards import normalize_per_episode
 from test_support.gpu_launch import check_evals, check_functions, ready_to_parse
@@ -54,6 +55,15 @@ def test_each_eval_split_is_evaluated_once_per_task_every_n_steps(launch):
     _, args = launch
 
     check_evals(args, [EVAL], Run.eval_every)
+
+
+def test_the_adapter_renders_each_episode_append_only_so_an_episode_is_one_sample(launch):
+    _, args = launch
+
+    tokenizer = AdapterService.of(args).adapter.tokenizer
+    assert isinstance(tokenizer, AppendOnlyTokenizer)
+    prompt = tokenizer.decode(tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}]))
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
 def test_an_episode_plays_at_most_max_turns(launch):

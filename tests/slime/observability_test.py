@@ -22,7 +22,7 @@ import pytest
 from chat_core import EpisodeOutcome
 from launch import EVAL_SPLIT
 from PIL import Image
-from rollout import first_hits_then_misses, on_slime_loop, played_batch
+from rollout import SAMPLE_PER_TURN, first_hits_then_misses, on_slime_loop, played_batch
 from slime.observability.rollout_data_utils import save_debug_rollout_data
 from slime.observability.rollout_metrics import log_eval_rollout_data, log_rollout_data
 from slime.observability.tensorboard_utils import _TensorboardAdapter
@@ -59,7 +59,7 @@ def logged(args, folder: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_a_rollout_step_logs_metrics_per_episode_beside_slimes_own(launch, sglang, env_server, tensorboard):
-    args = logging_launch(launch, thinking=False)
+    args = logging_launch(launch, thinking=False, config=SAMPLE_PER_TURN)
     sglang.script_of = first_hits_then_misses(env_server)
     samples = played_batch(args)
 

@@ -1,10 +1,6 @@
 """``normalize_per_episode`` as slime's own ``RolloutManager._post_process_rewards`` calls it, on a batch where a
 prompt group came back with one episode: its samples get an advantage of 0, never NaN, which would poison the
-step's loss.
-
-``RolloutManager`` is a Ray actor; its method is reached on the class behind the actor
-(``__ray_metadata__.modified_class``) with ``__init__`` skipped, since that starts SGLang engines, and only the
-attributes the method reads are set, as ``__init__`` sets them."""
+step's loss (slime's ``RolloutManager`` without its engines: ``rollout.rollout_manager``)."""
 
 from __future__ import annotations
 
@@ -12,8 +8,7 @@ import copy
 import math
 
 import pytest
-from slime.ray.rollout import RolloutManager
-from slime.utils.misc import load_function
+from rollout import rollout_manager
 from slime.utils.types import Sample
 
 
@@ -23,9 +18,6 @@ def test_a_prompt_group_of_one_episode_gets_an_advantage_of_zero_not_nan(launch,
     args.advantage_estimator = estimator
     args.grpo_std_normalization = True
     args.rewards_normalization = True
-    manager = object.__new__(RolloutManager.__ray_metadata__.modified_class)
-    manager.args = args
-    manager.custom_reward_post_process_func = load_function(args.custom_reward_post_process_path)
     samples = [
         Sample(group_index=0, index=0, rollout_id=0, reward=1.0),
         Sample(group_index=0, index=0, rollout_id=0, reward=1.0),
@@ -33,7 +25,7 @@ def test_a_prompt_group_of_one_episode_gets_an_advantage_of_zero_not_nan(launch,
         Sample(group_index=1, index=3, rollout_id=3, reward=0.0),
     ]
 
-    raw_rewards, rewards = manager._post_process_rewards(samples)
+    raw_rewards, rewards = rollout_manager(args)._post_process_rewards(samples)
 
     assert raw_rewards == [1.0, 1.0, 1.0, 0.0]
     assert all(math.isfinite(reward) for reward in rewards), rewards

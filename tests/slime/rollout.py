@@ -1,6 +1,7 @@
 """Rows played the way slime's rollout plays them: a group read by slime's own data source from the rows file,
-handed to ``generate_and_rm_group`` on slime's own background event loop; and a whole step's batch, kept or
-dropped by the launch's dynamic filter and flattened as slime's rollout manager does."""
+handed to ``generate_and_rm_group`` on slime's own background event loop; a whole step's batch, kept or dropped by
+the launch's dynamic filter and flattened as slime's rollout manager does; and slime's own rollout manager to turn
+the batch into train data."""
 
 from __future__ import annotations
 
@@ -14,12 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from slime.observability.rollout_data_utils import validate_rollout_id_annotated
+from slime.ray.rollout import RolloutManager
 from slime.rollout.data_source import RolloutDataSource
 from slime.rollout.filter_hub.base_types import call_dynamic_filter
 from slime.rollout.sglang_rollout import GenerateState, generate_and_rm_group
 from slime.utils.async_utils import run
 from slime.utils.misc import load_function
 from test_support import REWARDS, SCRIPTS, text
+
+SAMPLE_PER_TURN = "episode_append_only_chat: false\n"
+"""The ``--custom-config-path`` YAML that turns the append-only rendering off: with thinking off, Qwen3's own
+template then makes each model call of an episode a sample of its own."""
 
 
 def group_of(args: Namespace, task: str) -> list:
@@ -88,6 +94,23 @@ def played_batch(args, tasks=TASKS) -> list:
     while isinstance(data[0], list):
         data = list(itertools.chain.from_iterable(data))
     return data
+
+
+def rollout_manager(args: Namespace, *, post_process: bool = True) -> Any:
+    """slime's ``RolloutManager`` for ``args`` without its engines, post-processing rewards with the launch's
+    ``--custom-reward-post-process-path`` (slime's own normalisation when ``post_process`` is False).
+
+    ``RolloutManager`` is a Ray actor; its methods are reached on the class behind the actor
+    (``__ray_metadata__.modified_class``) with ``__init__`` skipped, since that starts SGLang engines, and only the
+    attributes ``_post_process_rewards`` and ``_convert_samples_to_train_data`` read are set, as ``__init__`` sets
+    them."""
+    manager = object.__new__(RolloutManager.__ray_metadata__.modified_class)
+    manager.args = args
+    manager.custom_convert_samples_to_train_data_func = None
+    manager.custom_reward_post_process_func = (
+        load_function(args.custom_reward_post_process_path) if post_process else None
+    )
+    return manager
 
 
 def split_response(sample: Any) -> tuple[list[int], list[int]]:

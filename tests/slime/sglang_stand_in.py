@@ -8,14 +8,15 @@ alike get the same replies whatever order their requests come in. A reply is tes
 tokenized and closed with ``<|im_end|>`` as a model stops, and answered in SGLang's shape: ``text`` and ``meta_info``
 with ``output_token_logprobs`` (``[logprob, token_id, None]`` per token) and ``finish_reason``. ``max_new_tokens``
 cuts a reply short with finish reason ``length``. ``delay`` steps wait, ``error`` steps answer their status, and
-``POST /abort_request`` records the request ids it is asked to abort.
+``POST /abort_request`` records the request ids it is asked to abort. ``generated`` keeps each reply it answered
+with, beside the prompt it answered.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from http import HTTPStatus
 from typing import Any
 
@@ -41,6 +42,17 @@ def by_task(served: ServedBundle) -> Callable[[str], Sequence[Step]]:
     return script_of
 
 
+@dataclass(frozen=True)
+class Generated:
+    """A reply the stand-in answered: its request's routing key (``""`` without one), the prompt's token ids, and
+    the reply's token ids and logprobs."""
+
+    routing_key: str
+    prompt: list[int]
+    output: list[int]
+    logprobs: list[float]
+
+
 class StandInSGLang(LoopbackServer):
     """The stand-in, listening on a free loopback port until ``close()``; use it as a context manager. ``script_of``
     (which a test may replace) gives a new session its steps from the text of its first prompt. Its ``host`` and
@@ -52,6 +64,7 @@ class StandInSGLang(LoopbackServer):
         self._cursor = ScriptCursor(default=self._script_of_first_prompt)
         self._lock = threading.Lock()
         self._aborted: list[str] = []
+        self._generated: list[Generated] = []
         super().__init__(name="sglang-stand-in")
 
     @property
@@ -68,12 +81,19 @@ class StandInSGLang(LoopbackServer):
         with self._lock:
             return list(self._aborted)
 
+    @property
+    def generated(self) -> list[Generated]:
+        """Each reply answered, in the order they were answered."""
+        with self._lock:
+            return list(self._generated)
+
     def clear(self) -> None:
-        """Forget every request, every abort and every session's walk, so that a chat placed by its text in one test
-        starts its script afresh in the next."""
+        """Forget every request, every abort, every reply and every session's walk, so that a chat placed by its
+        text in one test starts its script afresh in the next."""
         self._cursor.clear()
         with self._lock:
             self._aborted.clear()
+            self._generated.clear()
 
     def respond(self, request: Request) -> tuple[int, Any]:
         body = request.body
@@ -93,7 +113,8 @@ class StandInSGLang(LoopbackServer):
                 step = self._cursor.take(replace(request, session=chat), position=position)
         except ScriptUsedUp as used_up:
             return HTTPStatus.INTERNAL_SERVER_ERROR, {"error": str(used_up)}
-        return answer(step, lambda reply: self._generated(reply, body), sleep=self.sleep)
+        routing_key = request.headers.get("x-smg-routing-key", "")
+        return answer(step, lambda reply: self._answered(reply, body, routing_key), sleep=self.sleep)
 
     def _place_in_chat(self, body: dict[str, Any]) -> tuple[str, int]:
         """The opening of the chat whose prompt ``body`` holds, up to its first assistant turn, and the number of
@@ -106,7 +127,7 @@ class StandInSGLang(LoopbackServer):
         """``script_of`` the text of a new session's first prompt."""
         return self.script_of(self._tokenizer.decode(request.body.get("input_ids") or [], skip_special_tokens=False))
 
-    def _generated(self, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
+    def _answered(self, reply: Reply, body: dict[str, Any], routing_key: str) -> dict[str, Any]:
         logprobs = output_token_logprobs(self._tokenizer, reply)
         finish: dict[str, Any] = {"type": "stop", "matched": logprobs[-1][1]}
         limit = (body.get("sampling_params") or {}).get("max_new_tokens")
@@ -114,6 +135,10 @@ class StandInSGLang(LoopbackServer):
             logprobs = logprobs[:limit]
             finish = {"type": "length", "length": limit}
         ids = [token for _, token, _ in logprobs]
+        with self._lock:
+            self._generated.append(
+                Generated(routing_key, list(body.get("input_ids") or []), ids, [logprob for logprob, _, _ in logprobs])
+            )
         return {
             "text": self._tokenizer.decode(ids, skip_special_tokens=False),
             "output_ids": ids,

@@ -9,11 +9,11 @@ import contextlib
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
-from chat_core import OUTCOME_KEY, ChatEndpoint, EpisodeOutcome, EpisodeResult, FlagKind, Limits, play
+from chat_core import OUTCOME_KEY, ChatEndpoint, EpisodeOutcome, EpisodeResult, Flag, FlagKind, Limits, play
 from chat_core.filters import Episode, scored_group_drop, scored_nonzero_std_group_drop
 from chat_core.metrics import episode_metrics, rollout_log_metrics
 from chat_core.prepare import write_rows
@@ -86,6 +86,21 @@ def test_a_record_written_before_retries_were_counted_reads_as_none():
     assert EpisodeOutcome.from_metadata({OUTCOME_KEY: metadata}).model_retries == 0
 
 
+def test_a_record_written_before_dropped_tool_calls_were_counted_reads_0():
+    metadata = _outcome(1.0).to_metadata()
+    del metadata["dropped_tool_calls"]
+
+    assert EpisodeOutcome.from_metadata({OUTCOME_KEY: metadata}).dropped_tool_calls == 0
+
+
+def test_tool_calls_an_endpoint_dropped_are_flagged_without_leaving_the_episode_unscored():
+    flag = Flag(FlagKind.TOOL_CALLS_DROPPED, "reply 1 made 2 tool calls")
+    outcome = replace(_outcome(1.0), flags=(flag,), dropped_tool_calls=1)
+
+    assert not flag.fatal and outcome.scored
+    assert EpisodeOutcome.from_metadata(json.loads(json.dumps({OUTCOME_KEY: outcome.to_metadata()}))) == outcome
+
+
 def test_an_unscored_outcome_names_its_first_fatal_flag_and_has_no_reward(sample_env, rows, scripted_model):
     result = _played(scripted_model, rows["fails_after_the_turn"], SCRIPTS["fails_after_the_turn"])
     outcome = EpisodeOutcome.of(result)
@@ -111,7 +126,7 @@ def test_something_else_under_the_outcome_key_is_refused():
         EpisodeOutcome.from_metadata({OUTCOME_KEY: {"reward": 1.0}})
 
 
-def _outcome(reward: float | None, *, turns: int = 1, tool_calls: int = 0, reason: str | None = None):
+def _outcome(reward: float | None, *, turns: int = 1, tool_calls: int = 0, reason: str | None = None, dropped: int = 0):
     return EpisodeOutcome(
         reward=reward,
         scored=reason is None and reward is not None,
@@ -127,6 +142,7 @@ def _outcome(reward: float | None, *, turns: int = 1, tool_calls: int = 0, reaso
         wall_s=3.5,
         truncated=False,
         env_server=None,
+        dropped_tool_calls=dropped,
     )
 
 
@@ -145,7 +161,7 @@ def test_the_filters_drop_unscored_and_same_reward_groups_with_distinct_reasons(
 
 def test_metrics_count_each_episode_once_whatever_its_samples():
     outcomes = [
-        _outcome(1.0, turns=3, tool_calls=4),
+        _outcome(1.0, turns=3, tool_calls=4, dropped=2),
         _outcome(0.0),
         _outcome(1.0, turns=2),
         _outcome(None, reason="env_failed"),
@@ -160,6 +176,7 @@ def test_metrics_count_each_episode_once_whatever_its_samples():
     assert metrics["scored_share"] == 0.75 and metrics["unscored_share/env_failed"] == 0.25
     assert (metrics["turns_mean"], metrics["turns_p90"]) == (7 / 4, 3.0)
     assert (metrics["tool_calls_mean"], metrics["tool_calls_p90"]) == (1.0, 4.0)
+    assert (metrics["dropped_tool_calls_mean"], metrics["dropped_tool_calls_p90"]) == (0.5, 2.0)
     assert metrics["env_s_mean"] == 2.0 and metrics["wall_s_mean"] == 3.5
 
 

@@ -26,7 +26,10 @@ class EpisodeOutcome:
     ``model_s``, ``capacity_wait_s`` and ``wall_s`` are its seconds in env calls, waiting for the model, waiting for
     a free env session, and in all. ``truncated``: a reply was cut by the token limit. ``env_server``: the env
     server that played it (a pool's replica, or the row's own server), None when none did. ``model_retries``: chat
-    requests sent again after a transient failure (0 in a record written before it was counted)."""
+    requests sent again after a transient failure (0 in a record written before it was counted).
+    ``dropped_tool_calls``: tool calls the model made that the trainer's chat endpoint didn't pass on (flagged
+    ``tool_calls_dropped``; a helper counts them, ``of`` can't, and a record written before they were counted
+    reads 0)."""
 
     reward: float | None
     scored: bool
@@ -43,6 +46,7 @@ class EpisodeOutcome:
     truncated: bool
     env_server: str | None
     model_retries: int = 0
+    dropped_tool_calls: int = 0
 
     @classmethod
     def of(cls, result: EpisodeResult) -> EpisodeOutcome:

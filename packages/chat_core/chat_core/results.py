@@ -18,6 +18,9 @@ class FlagKind(StrEnum):
     - ``tool_call_limit``: the model called more tools in a turn than allowed; the turn ended with its latest text.
     - ``reply_truncated``: a reply stopped at the model's token limit (finish reason ``length``); it was played as
       it came, so the reward may be for a cut answer or a cut tool call.
+    - ``tool_calls_dropped``: a reply made several tool calls and the trainer's chat endpoint passed on only some
+      of them, so the env never ran the others, though the model is trained on them (a helper's flag: ``play``
+      sees only the calls passed on).
 
     Fatal (in ``FATAL``), leaving the episode unscored:
 
@@ -41,6 +44,7 @@ class FlagKind(StrEnum):
     BAD_TOOL_ARGUMENTS = "bad_tool_arguments"
     TOOL_CALL_LIMIT = "tool_call_limit"
     REPLY_TRUNCATED = "reply_truncated"
+    TOOL_CALLS_DROPPED = "tool_calls_dropped"
     ENV_FAILED = "env_failed"
     SESSION_FAILED = "session_failed"
     NO_REWARD = "no_reward"
@@ -54,7 +58,12 @@ class FlagKind(StrEnum):
     ROLLOUT_ABORTED = "rollout_aborted"
 
 
-FATAL = frozenset(FlagKind) - {FlagKind.BAD_TOOL_ARGUMENTS, FlagKind.TOOL_CALL_LIMIT, FlagKind.REPLY_TRUNCATED}
+FATAL = frozenset(FlagKind) - {
+    FlagKind.BAD_TOOL_ARGUMENTS,
+    FlagKind.TOOL_CALL_LIMIT,
+    FlagKind.REPLY_TRUNCATED,
+    FlagKind.TOOL_CALLS_DROPPED,
+}
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,9 @@ def slime() -> Slime:
         missing += _lacking("slime.observability.logging_utils.log", log, ("args", "metrics", "step_key"))
     if adapter is not None:
         where = "slime.agent.adapters.OpenAIAdapter"
-        missing += _lacking(where, adapter, ("tokenizer", "sglang_url", "tool_parser", "reasoning_parser"))
+        missing += _lacking(
+            where, adapter, ("tokenizer", "sglang_url", "tool_parser", "reasoning_parser", "debug_callback")
+        )
         missing += _lacking(
             f"{where}.open_session", getattr(adapter, "open_session", None), ("sampling_defaults", "max_context_tokens")
         )
@@ -73,6 +75,12 @@ def slime() -> Slime:
             ("base_sample", "reward", "extra_metadata"),
         )
         missing += _lacking(f"{where}.drop_session", getattr(adapter, "drop_session", None), ("sid",))
+        missing += _lacking(f"{where}._session_id", getattr(adapter, "_session_id", None), ("request", "body"))
+        missing += _lacking(
+            f"{where}._build_reply",
+            getattr(adapter, "_build_reply", None),
+            ("parsed", "raw_finish", "translated", "tools_schema"),
+        )
     if run_app is not None:
         missing += _lacking(
             "slime.agent.aiohttp_threaded.run_app_in_thread", run_app, ("host", "port", "thread_name", "runner_kwargs")

@@ -5,12 +5,15 @@
 Episode bounds are chat_core's defaults unless slime's ``--custom-config-path`` YAML sets ``episode_max_turns``,
 ``episode_max_tool_calls_per_turn``, ``episode_model_deadline_s``, ``episode_env_call_deadline_s``,
 ``episode_max_chat_answer_bytes`` or ``episode_max_env_message_bytes`` (slime puts its keys on ``args``);
-``episode_env_servers``, a list of URLs, names the pool of env servers that plays the rows (``chat_core.pool``).
+``episode_env_servers``, a list of URLs, names the pool of env servers that plays the rows (``chat_core.pool``);
+``episode_append_only_chat: false`` turns off the append-only rendering of Qwen3 chats that makes an episode one
+sample (``slime_helper.adapter``).
 
 Per sample: open a session on the process's adapter → play the row's episode through it (``chat_core.play``) →
 ``finish_session``: the turns the adapter recorded, as samples carrying the episode's reward, so slime runs no
 reward model. An eval drops the session and returns one sample per episode. The episode's spans go on the sample's
-trace as they happen, and its outcome (``chat_core.EpisodeOutcome``) into every sample's metadata.
+trace as they happen, and its outcome (``chat_core.EpisodeOutcome``) into every sample's metadata, with a
+``tool_calls_dropped`` flag for each reply whose tool calls beyond the first slime's adapter didn't pass on.
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ import logging
 import uuid
 from argparse import Namespace
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from chat_core import OUTCOME_KEY, EpisodeOutcome, EpisodeResult, Limits, play
+from chat_core import OUTCOME_KEY, EpisodeOutcome, EpisodeResult, Flag, FlagKind, Limits, play
 
 from slime_helper._slime import slime
-from slime_helper.adapter import AdapterService
+from slime_helper.adapter import AdapterService, DroppedToolCalls
 from slime_helper.observability import SampleTrace
 
 logger = logging.getLogger(__name__)
@@ -50,18 +54,20 @@ async def generate(args: Namespace, sample: Any, sampling_params: dict[str, Any]
     """Play ``sample``'s episode (its metadata is a row's, as ``python -m chat_core.prepare`` writes it) with the
     model slime serves, and return it as slime samples.
 
-    The samples are the adapter's: one per stretch of turns it could join into one token sequence (a sample per
-    turn when the chat template re-renders earlier turns differently, as Qwen3's does with thinking off), each with
-    the episode's reward (0.0 when it has none), the base sample's trace and, in ``metadata``, the row's metadata
-    plus the episode's outcome under ``chat_core.OUTCOME_KEY``. An episode with no turn recorded comes back as one
-    aborted sample marked ``remove_sample``. In an eval (``evaluation=True``) the session is dropped and the episode
-    comes back as one sample holding its reward with nothing to train, since slime's eval averages over samples.
+    The samples are the adapter's: one per stretch of turns it could join into one token sequence (one for the
+    whole episode when the chat is rendered append-only; a sample per turn when the chat template re-renders earlier
+    turns differently, as Qwen3's own does with thinking off), each with the episode's reward (0.0 when it has
+    none), the base sample's trace and, in ``metadata``, the row's metadata plus the episode's outcome under
+    ``chat_core.OUTCOME_KEY``. An episode with no turn recorded comes back as one aborted sample marked
+    ``remove_sample``. In an eval (``evaluation=True``) the session is dropped and the episode comes back as one
+    sample holding its reward with nothing to train, since slime's eval averages over samples.
 
     Raises MissingToolParser without ``--sglang-tool-call-parser``, chat_core's MissingFilter unless
     ``--dynamic-sampling-filter-path`` names one of this helper's filters, MissingEpisodeNormalization without
     ``--custom-reward-post-process-path`` where slime normalises rewards per group, UnsupportedSlime when slime
-    lacks what the helper uses, and ValueError when the sample's metadata isn't a row's. When cancelled, drops the
-    session, closes the episode without running its verifiers and re-raises."""
+    lacks what the helper uses, and ValueError when the sample's metadata isn't a row's or
+    ``episode_append_only_chat`` isn't true or false. When cancelled, drops the session, closes the episode without
+    running its verifiers and re-raises."""
     api = slime()
     service = AdapterService.of(args)
     sid = f"slime-helper-{uuid.uuid4().hex}"
@@ -74,6 +80,7 @@ async def generate(args: Namespace, sample: Any, sampling_params: dict[str, Any]
             episode_limits(args),
             trace=SampleTrace(sample),
         )
+        outcome = _outcome(result, service.dropped_tool_calls(sid))
         if not result.scored:
             logger.warning(
                 "%s episode %s is unscored: %s",
@@ -82,17 +89,17 @@ async def generate(args: Namespace, sample: Any, sampling_params: dict[str, Any]
                 "; ".join(f"{flag.kind}: {flag.message}" for flag in result.flags if flag.fatal) or "no reward",
             )
         if evaluation:
-            return [_untrained(sample, result, api.Sample.Status.COMPLETED)]
+            return [_untrained(sample, result, outcome, api.Sample.Status.COMPLETED)]
         samples = await service.adapter.finish_session(
             sid,
             base_sample=sample,
             reward=_reward_of(result),
-            extra_metadata=_metadata(sample, result),
+            extra_metadata=_metadata(sample, outcome),
         )
         if (trace := getattr(sample, "trace", None)) is not None:
             for played in samples:
                 played.trace = trace
-        return samples or [_untrained(sample, result, api.Sample.Status.ABORTED)]
+        return samples or [_untrained(sample, result, outcome, api.Sample.Status.ABORTED)]
     finally:
         await service.adapter.drop_session(sid)
 
@@ -114,11 +121,21 @@ def _reward_of(result: EpisodeResult) -> float:
     return result.reward if result.scored else 0.0
 
 
-def _metadata(sample: Any, result: EpisodeResult) -> dict[str, Any]:
-    return {**(sample.metadata or {}), OUTCOME_KEY: EpisodeOutcome.of(result).to_metadata()}
+def _outcome(result: EpisodeResult, dropped: list[DroppedToolCalls]) -> EpisodeOutcome:
+    """The episode's outcome, with a ``tool_calls_dropped`` flag for each reply in ``dropped`` and their count."""
+    outcome = EpisodeOutcome.of(result)
+    return replace(
+        outcome,
+        flags=outcome.flags + tuple(Flag(FlagKind.TOOL_CALLS_DROPPED, reply.message) for reply in dropped),
+        dropped_tool_calls=sum(reply.dropped for reply in dropped),
+    )
 
 
-def _untrained(sample: Any, result: EpisodeResult, status: Any) -> Any:
+def _metadata(sample: Any, outcome: EpisodeOutcome) -> dict[str, Any]:
+    return {**(sample.metadata or {}), OUTCOME_KEY: outcome.to_metadata()}
+
+
+def _untrained(sample: Any, result: EpisodeResult, outcome: EpisodeOutcome, status: Any) -> Any:
     """``sample`` as one placeholder token with nothing to train, holding the episode's reward and flags: slime's
     own agent examples shape their eval and aborted samples this way."""
     sample.tokens = [0, 0]
@@ -129,5 +146,5 @@ def _untrained(sample: Any, result: EpisodeResult, status: Any) -> Any:
     sample.reward = _reward_of(result)
     sample.remove_sample = True
     sample.status = status
-    sample.metadata = _metadata(sample, result)
+    sample.metadata = _metadata(sample, outcome)
     return sample
