@@ -245,6 +245,19 @@ class TierUnready(Exception):
     """A trainer tier can't run here; the message says what is missing and how to provide it."""
 
 
+def env_server_environment() -> Path:
+    """The Python of the env server's environment of the current spec (``build_env``'s ``env-server``: agent-env,
+    uvicorn and the trainers' Ray), on which ``env_replicas`` runs its replicas. Raises TierUnready, saying how to
+    build it, when it isn't built."""
+    root = build_env.env_dir("env-server")
+    if not (root / build_env.DONE_MARKER).is_file():
+        raise TierUnready(
+            f"the env server's environment of the current spec ({root}) isn't built: run ./bazelw version to build "
+            "it (or PYTHONPATH=third_party python3.11 tools/envs/build_env.py env-server)"
+        )
+    return root / "bin" / "python"
+
+
 def require_tier(tier: str, pinned: Sequence[str]) -> Path:
     """``server_python()``, once the pins ``pinned`` are in the cache, this process runs in the trainer environment
     ``tier.lower()`` of the current spec, and that Python exists; ``tier`` is the trainer as the messages name it
