@@ -1,0 +1,183 @@
+"""What env replicas on Ray cost and give, on a 2-node Ray cluster on this machine: a benchmark, not a test.
+
+- ``up`` of 2 replicas (one a node), from the call to both serving and checked, then ``down``; ``--repeats`` times.
+- A replica's restart: SIGKILL of its process to its Task API answering again at the same URL; ``--repeats`` kills.
+- Episodes per second through chat_core's pool with 1, 2 and 4 replicas (1 on one node, 1 on each, 2 on each), each
+  admitting ``--sessions`` episodes at once: ``--episodes`` plays of the sample bundle's task ``played`` with a tool
+  that waits (``wait_for_truck``, ``--tool-s`` seconds, standing for a sandbox's I/O), ``--concurrency`` at once,
+  from a model that answers at once, so the figure shows admission and routing more than this machine's cores.
+
+Every replica declares 1 CPU to Ray; the two nodes declare 2 each and share this machine's cores, as the figures say.
+Run: ``./bazelw run //tests/env_replicas:bench -- [--repeats N] [--episodes N] [--concurrency C] [--sessions S]
+[--tool-s T]``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import ray
+import test_support
+from chat_core import ChatEndpoint, EpisodeResult, Limits, play
+from env_replicas import EnvReplicas, down, up
+from test_support import SAMPLE_BUNDLE, ScriptedModel, text, tool_call
+from test_support.replicas import free_ports, loopback_cluster, serves, serving_pid
+from test_support.trainer_env import env_server_environment
+
+NODE_CPUS = 2
+REPLICAS = (1, 2, 4)
+_WAIT_S = 180.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3, help="ups and kills timed (3)")
+    parser.add_argument("--episodes", type=int, default=24, help="episodes played with each replica count (24)")
+    parser.add_argument("--concurrency", type=int, default=8, help="episodes played at once (8)")
+    parser.add_argument("--sessions", type=int, default=2, help="each replica's max_concurrent_envs (2)")
+    parser.add_argument("--tool-s", type=float, default=2.0, help="seconds the tool waits (2)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="env-replicas-bench-") as folder, ScriptedModel() as model:
+        state = Path(folder)
+        config = state / "agent-env.toml"
+        config.write_text('[envs]\nimpls = ["test_support.local_tools_env:LocalToolsEnv"]\n')
+        base = EnvReplicas(
+            name="bench",
+            bundle=SAMPLE_BUNDLE,
+            env_python=env_server_environment(),
+            port=free_ports(4),
+            max_concurrent_envs=args.sessions,
+            env_vars={"AGENT_ENV_CONFIG": str(config), "PYTHONPATH": str(Path(test_support.__file__).parent.parent)},
+            state_dir=state,
+        )
+        with loopback_cluster(nodes=2, cpus_each=NODE_CPUS):
+            nodes = sorted(node["NodeID"] for node in ray.nodes())
+            ups, downs = _ups(base, args.repeats)
+            restarts = _restarts(base, args.repeats)
+            throughput = _throughput(base, nodes, model, state, args)
+    print(
+        f"2 Ray nodes declaring {NODE_CPUS} CPUs each on a machine of {os.cpu_count()} cores; each replica reserves "
+        "1 CPU"
+    )
+    print(f"up of 2 replicas, s: {_spread(ups)}; down: {_spread(downs)}")
+    print(f"restart (SIGKILL to serving at the same URL), s: {_spread(restarts)}")
+    print(
+        f"task 'played' with a {args.tool_s:g} s tool, {args.episodes} episodes, {args.concurrency} at once, "
+        f"{args.sessions} sessions per replica"
+    )
+    table = [["replicas", "eps/s", "wall s/ep", "cap-wait s/ep", "episodes per replica"], *throughput]
+    widths = [max(len(row[column]) for row in table) for column in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
+
+
+def _ups(base: EnvReplicas, repeats: int) -> tuple[list[float], list[float]]:
+    """Seconds of ``up`` and of ``down`` of one replica a node, ``repeats`` times."""
+    ups, downs = [], []
+    for _ in range(repeats):
+        began = time.monotonic()
+        up(base)
+        ups.append(time.monotonic() - began)
+        began = time.monotonic()
+        down(base.name)
+        downs.append(time.monotonic() - began)
+    return ups, downs
+
+
+def _restarts(base: EnvReplicas, repeats: int) -> list[float]:
+    """Seconds from a replica's SIGKILL to its Task API answering again at its URL, ``repeats`` kills."""
+    (replica, _) = up(base)
+    seconds = []
+    try:
+        for _ in range(repeats):
+            os.kill(serving_pid(replica.url), signal.SIGKILL)
+            began = time.monotonic()
+            while not serves(replica.url):
+                if time.monotonic() - began > _WAIT_S:
+                    raise SystemExit(f"{replica.url} didn't serve again within {_WAIT_S:g} s")
+                time.sleep(0.05)
+            seconds.append(time.monotonic() - began)
+    finally:
+        down(base.name)
+    return seconds
+
+
+def _throughput(
+    base: EnvReplicas, nodes: list[str], model: ScriptedModel, state: Path, args: argparse.Namespace
+) -> list[list[str]]:
+    """A row per replica count: episodes per second, mean wall and capacity-wait seconds an episode, the spread."""
+    model.script([tool_call("wait_for_truck", {"seconds": args.tool_s}), text("The crate of pears is on shelf 9C.")])
+    placements = {1: (1, nodes[:1]), 2: (1, nodes), 4: (2, nodes)}
+    rows = []
+    for count in REPLICAS:
+        per_node, on = placements[count]
+        replicas = up(dataclasses.replace(base, per_node=per_node, nodes=tuple(on)))
+        try:
+            urls = [replica.url for replica in replicas]
+            metadata = _played_row(urls[0], state / f"rows{count}")
+            limits = Limits(env_servers=urls)
+            asyncio.run(_play_all(metadata, model, limits, count, count, f"warm{count}"))
+            results, elapsed = asyncio.run(
+                _play_all(metadata, model, limits, args.episodes, args.concurrency, f"r{count}")
+            )
+        finally:
+            down(base.name)
+        if unscored := [result for result in results if not result.scored]:
+            raise SystemExit(f"{len(unscored)} episode(s) weren't scored, e.g. {unscored[0].flags}")
+        spread = Counter(result.env_server for result in results)
+        rows.append(
+            [
+                str(count),
+                f"{len(results) / elapsed:.2f}",
+                f"{statistics.mean(result.timings.wall_s for result in results):.2f}",
+                f"{statistics.mean(result.timings.capacity_wait_s for result in results):.2f}",
+                "/".join(str(spread[url]) for url in urls),
+            ]
+        )
+    return rows
+
+
+async def _play_all(
+    metadata: dict[str, Any], model: ScriptedModel, limits: Limits, episodes: int, concurrency: int, label: str
+) -> tuple[list[EpisodeResult], float]:
+    """``episodes`` plays of ``metadata``'s task, at most ``concurrency`` at once, and the seconds they took."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(number: int) -> EpisodeResult:
+        session = f"{label}-{number}"
+        chat = ChatEndpoint(model.base_url + "/chat/completions", "bench", {"Authorization": f"Bearer {session}"})
+        async with gate:
+            return await play(metadata, chat, {}, limits)
+
+    began = time.monotonic()
+    results = await asyncio.gather(*(one(number) for number in range(episodes)))
+    return results, time.monotonic() - began
+
+
+def _played_row(url: str, out: Path) -> dict[str, Any]:
+    """The metadata of the task ``played``'s row, written by ``python -m chat_core.prepare`` from ``url``."""
+    subprocess.run([sys.executable, "-m", "chat_core.prepare", url, str(out)], check=True, capture_output=True)
+    rows = map(json.loads, (out / "all.jsonl").read_text().splitlines())
+    return next(row["metadata"] for row in rows if row["metadata"]["episode"]["task_name"] == "played")
+
+
+def _spread(seconds: list[float]) -> str:
+    return (
+        f"min {min(seconds):.1f}, median {statistics.median(seconds):.1f}, max {max(seconds):.1f} ({len(seconds)} runs)"
+    )
+
+
+if __name__ == "__main__":
+    main()
