@@ -1,7 +1,9 @@
 """What env replicas on Ray cost and give, on a 2-node Ray cluster on this machine: a benchmark, not a test.
 
 - ``up`` of 2 replicas (one a node), from the call to both serving and checked, then ``down``; ``--repeats`` times.
-- A replica's restart: SIGKILL of its process to its Task API answering again at the same URL; ``--repeats`` kills.
+- A replica's restart: SIGKILL of its process to its Task API answering again at the same URL, and Ray's part of
+  it (to the new instance's first log line; the rest is importing agent-env and building the app); ``--repeats``
+  kills.
 - Episodes per second through chat_core's pool with 1, 2 and 4 replicas (1 on one node, 1 on each, 2 on each), each
   admitting ``--sessions`` episodes at once: ``--episodes`` plays of the sample bundle's task ``played`` with a tool
   that waits (``wait_for_truck``, ``--tool-s`` seconds, standing for a sandbox's I/O), ``--concurrency`` at once,
@@ -25,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,14 +68,14 @@ def main() -> None:
         with loopback_cluster(nodes=2, cpus_each=NODE_CPUS):
             nodes = sorted(node["NodeID"] for node in ray.nodes())
             ups, downs = _ups(base, args.repeats)
-            restarts = _restarts(base, args.repeats)
+            restarts, ray_parts = _restarts(base, args.repeats)
             throughput = _throughput(base, nodes, model, state, args)
     print(
         f"2 Ray nodes declaring {NODE_CPUS} CPUs each on a machine of {os.cpu_count()} cores; each replica reserves "
         "1 CPU"
     )
     print(f"up of 2 replicas, s: {_spread(ups)}; down: {_spread(downs)}")
-    print(f"restart (SIGKILL to serving at the same URL), s: {_spread(restarts)}")
+    print(f"restart (SIGKILL to serving at the same URL), s: {_spread(restarts)}; Ray's part: {_spread(ray_parts)}")
     print(
         f"task 'played' with a {args.tool_s:g} s tool, {args.episodes} episodes, {args.concurrency} at once, "
         f"{args.sessions} sessions per replica"
@@ -96,22 +99,32 @@ def _ups(base: EnvReplicas, repeats: int) -> tuple[list[float], list[float]]:
     return ups, downs
 
 
-def _restarts(base: EnvReplicas, repeats: int) -> list[float]:
-    """Seconds from a replica's SIGKILL to its Task API answering again at its URL, ``repeats`` kills."""
+def _restarts(base: EnvReplicas, repeats: int) -> tuple[list[float], list[float]]:
+    """Per kill of a replica (``repeats`` of them): seconds from its SIGKILL to its Task API answering again at its
+    URL, and Ray's part of them, to the first line the new instance logs."""
     (replica, _) = up(base)
-    seconds = []
+    serving, ray_part = [], []
     try:
         for _ in range(repeats):
+            logged = replica.log.read_text().count("restarted by Ray")
             os.kill(serving_pid(replica.url), signal.SIGKILL)
-            began = time.monotonic()
+            killed = time.time()
             while not serves(replica.url):
-                if time.monotonic() - began > _WAIT_S:
+                if time.time() - killed > _WAIT_S:
                     raise SystemExit(f"{replica.url} didn't serve again within {_WAIT_S:g} s")
                 time.sleep(0.05)
-            seconds.append(time.monotonic() - began)
+            serving.append(time.time() - killed)
+            ray_part.append(_restart_logged(replica.log, logged) - killed)
     finally:
         down(base.name)
-    return seconds
+    return serving, ray_part
+
+
+def _restart_logged(log: Path, earlier: int) -> float:
+    """When the restart after the ``earlier`` ones logged its first line, as a time.time()."""
+    lines = [line for line in log.read_text().splitlines() if "restarted by Ray" in line]
+    stamp = lines[earlier].split(" [env_replicas]")[0]
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def _throughput(

@@ -28,7 +28,7 @@ from env_replicas import NAMESPACE, EnvReplicas, NodesUnready, running_replicas,
 from ray.cluster_utils import Cluster
 from test_support import SAMPLE_BUNDLE, SCRIPTS, ScriptedModel, delay, text, tool_call
 from test_support.replicas import free_ports, serves, serving_pid
-from test_support.waits import free_port, until
+from test_support.waits import until
 
 pytest_plugins = ["test_support.pytest_plugin"]
 
@@ -109,7 +109,7 @@ def rows(deployment: Deployment, tmp_path_factory: pytest.TempPathFactory) -> di
 
 def test_an_env_python_without_ray_is_refused_before_anything_starts(cluster: Cluster, state_dir: Path) -> None:
     replicas = EnvReplicas(
-        name="rayless", bundle=SAMPLE_BUNDLE, env_python=RAYLESS_PYTHON, port=free_port(), state_dir=state_dir
+        name="rayless", bundle=SAMPLE_BUNDLE, env_python=RAYLESS_PYTHON, port=free_ports(1), state_dir=state_dir
     )
 
     with pytest.raises(NodesUnready) as refused:

@@ -6,6 +6,7 @@ trainers' environments), never by the package's ``__init__``."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import tempfile
@@ -17,7 +18,9 @@ import psutil
 import ray
 from ray.cluster_utils import Cluster
 
-from .waits import free_port
+REPLICA_PORTS = range(10000, 20000)
+"""Where a test's replicas serve: fixed ports, as a user's are, so below Linux's ephemeral ports (32768 up), which
+any outgoing connection may be holding, and below agent-env's local sandboxes' (20000-30000)."""
 
 
 @contextmanager
@@ -54,11 +57,12 @@ def loopback_cluster(nodes: int, cpus_each: int) -> Iterator[Cluster]:
 
 
 def free_ports(count: int) -> int:
-    """The first of ``count`` consecutive ports nothing listens on, on any address, at the moment of asking."""
-    while True:
-        first = free_port()
-        if all(_free(first + n) for n in range(1, count)):
+    """The first of ``count`` consecutive ports nothing holds, on any address, at the moment of asking, drawn from
+    ``REPLICA_PORTS``. Raises RuntimeError when 100 draws find none."""
+    for first in random.sample(range(REPLICA_PORTS.start, REPLICA_PORTS.stop - count), 100):
+        if all(_free(first + n) for n in range(count)):
             return first
+    raise RuntimeError(f"no {count} consecutive free ports in {REPLICA_PORTS}")
 
 
 def serving_pid(url: str) -> int:
