@@ -36,7 +36,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         except ValueError as e:
             _parser().error(str(e))
-    ray.init(address=args.address, logging_level=logging.WARNING, log_to_driver=False)
+    try:
+        ray.init(address=args.address, logging_level=logging.WARNING, log_to_driver=False)
+    except ConnectionError as e:
+        print(f"env_replicas: no Ray cluster at {args.address}: {e}", file=sys.stderr)
+        return 1
     try:
         if args.command == "down":
             stopped = down(args.name, timeout_s=args.timeout)

@@ -282,17 +282,20 @@ def _started(replicas: EnvReplicas, placed: Sequence[Replica], deadline: float) 
 
 
 def _check_served(started: Sequence[Replica], deadline: float) -> None:
-    """Raises ReplicaFailed when a replica's Task API doesn't answer this process by ``deadline``, and
-    ReplicasDiffer when a replica serves another env or other task ids than the first."""
+    """Raises ReplicaFailed when a replica's Task API doesn't answer this process by ``deadline``, or answers with
+    something else, and ReplicasDiffer when a replica serves another env or other task ids than the first."""
+    catalogues = []
     for replica in started:
         try:
             task_api.wait_until_serving(replica.url, max(1.0, deadline - time.monotonic()))
+            catalogues.append(task_api.catalogue(replica.url))
         except TimeoutError as e:
             raise ReplicaFailed(_failure(replica, f"serves on its node, but not to this process: {e}")) from None
-    reference = started[0]
-    first = task_api.catalogue(reference.url)
-    for replica in started[1:]:
-        if difference := task_api.difference(task_api.catalogue(replica.url), first, reference.url):
+        except (OSError, ValueError) as e:
+            raise ReplicaFailed(_failure(replica, f"can't list its tasks: {e}")) from None
+    reference = started[0].url
+    for replica, catalogue in zip(started[1:], catalogues[1:], strict=True):
+        if difference := task_api.difference(catalogue, catalogues[0], reference):
             raise ReplicasDiffer(f"{replica.url} serves {difference}: every replica must serve the same bundle")
 
 
