@@ -3,22 +3,13 @@
 server's own Python; ``down`` stops them and leaves nothing behind. ``launch_settings`` gives their URLs in the
 forms the trainer helpers read a pool from. The command: ``python -m env_replicas up|down``.
 
-It needs only the Ray of the environment it runs in (the trainer's); agent-env runs in the replicas alone."""
+It needs only the Ray of the environment it runs in (the trainer's) and chat_core, whose pool check it runs on the
+replicas; agent-env runs in the replicas alone."""
 
-from env_replicas.deployment import (
-    ENV_SERVERS_VARIABLE,
-    NAMESPACE,
-    EnvReplicas,
-    Replica,
-    down,
-    launch_settings,
-    running_replicas,
-    up,
-)
+from env_replicas.deployment import NAMESPACE, EnvReplicas, Replica, down, launch_settings, running_replicas, up
 from env_replicas.errors import AlreadyUp, NodesUnready, ReplicaFailed, ReplicasDiffer, ReplicasError
 
 __all__ = [
-    "ENV_SERVERS_VARIABLE",
     "NAMESPACE",
     "AlreadyUp",
     "EnvReplicas",

@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 import ray
+from chat_core import ENV_SERVERS_VARIABLE
 
-from env_replicas.deployment import ENV_SERVERS_VARIABLE, EnvReplicas, down, launch_settings, up
+from env_replicas.deployment import EnvReplicas, down, launch_settings, up
 from env_replicas.errors import ReplicasError
 
 

@@ -2,8 +2,9 @@
 actor per replica, waits for each to serve and checks they all serve the same tasks; ``down`` stops them.
 
 Pipeline of ``up``: nodes chosen → each node inspected (``checks``) → replicas placed, ports counted up per address →
-actors started → each one's URL → each URL's Task API from here → catalogues compared (``task_api``). A failure at
-any stage after the first actor started stops every replica of the deployment before it is raised.
+actors started → each one's URL → each URL's Task API from here → the pool's own check of the replicas
+(``chat_core.pool.check_same_bundle``). A failure at any stage after the first actor started stops every replica of
+the deployment before it is raised.
 
 Each replica is an ``EnvReplica`` actor named ``<deployment>/<ip>:<port>`` in the namespace ``env_replicas``,
 detached (it outlives the process that called ``up``), restarted by Ray however often it dies (``max_restarts=-1``)
@@ -17,6 +18,7 @@ there only from ``ray.init``, which is the caller's.)
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -28,9 +30,12 @@ from typing import Any
 
 import ray
 import ray.cloudpickle
+from chat_core import ENV_SERVERS_VARIABLE, OpenEnvError, ServerMismatch, ServerUnreachable
+from chat_core.openenv_client import OpenEnvServer
+from chat_core.pool import check_same_bundle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from env_replicas import checks, task_api
+from env_replicas import checks
 from env_replicas import replica as replica_module
 from env_replicas.errors import AlreadyUp, NodesUnready, ReplicaFailed, ReplicasDiffer, ReplicasError
 from env_replicas.replica import LOG, EnvReplica
@@ -39,10 +44,9 @@ for _shipped in (checks, replica_module):
     ray.cloudpickle.register_pickle_by_value(_shipped)
 
 NAMESPACE = "env_replicas"
-ENV_SERVERS_VARIABLE = "TRAINER_HELPERS_ENV_SERVERS"
-"""The variable chat_core's pool reads its servers from (``chat_core.ENV_SERVERS_VARIABLE``)."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _LOG_TAIL_CHARS = 4000
+_ASK_AGAIN_S = 0.25
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +112,7 @@ def up(replicas: EnvReplicas, *, timeout_s: float = 300.0) -> tuple[Replica, ...
     """Bring ``replicas`` up and return them once each serves its Task API to this process and all serve the same
     env and task ids. Raises AlreadyUp when the deployment has replicas already; NodesUnready, naming each node and
     what it lacks, before anything starts; ReplicaFailed with the replica's log when one doesn't serve within
-    ``timeout_s`` seconds of the call, and ReplicasDiffer when two serve different tasks, in both cases once every
+    ``timeout_s`` seconds of the call, and ReplicasDiffer when they fail the pool's check, in both cases once every
     replica it started is stopped again; ReplicasError when this process isn't connected to a cluster."""
     _require_connected()
     began = time.monotonic()
@@ -282,21 +286,38 @@ def _started(replicas: EnvReplicas, placed: Sequence[Replica], deadline: float) 
 
 
 def _check_served(started: Sequence[Replica], deadline: float) -> None:
-    """Raises ReplicaFailed when a replica's Task API doesn't answer this process by ``deadline``, or answers with
-    something else, and ReplicasDiffer when a replica serves another env or other task ids than the first."""
-    catalogues = []
+    """Raises ReplicaFailed, with the replica's log, when a replica's Task API doesn't answer this process by
+    ``deadline`` or answers as something else than an env server, and ReplicasDiffer when the replicas fail the
+    pool's check (``check_same_bundle``): one serves another env or other task ids than the first, or can't list
+    them."""
     for replica in started:
         try:
-            task_api.wait_until_serving(replica.url, max(1.0, deadline - time.monotonic()))
-            catalogues.append(task_api.catalogue(replica.url))
-        except TimeoutError as e:
+            asyncio.run(_answering(replica.url, deadline))
+        except ServerUnreachable as e:
             raise ReplicaFailed(_failure(replica, f"serves on its node, but not to this process: {e}")) from None
-        except (OSError, ValueError) as e:
-            raise ReplicaFailed(_failure(replica, f"can't list its tasks: {e}")) from None
-    reference = started[0].url
-    for replica, catalogue in zip(started[1:], catalogues[1:], strict=True):
-        if difference := task_api.difference(catalogue, catalogues[0], reference):
-            raise ReplicasDiffer(f"{replica.url} serves {difference}: every replica must serve the same bundle")
+        except OpenEnvError as e:
+            raise ReplicaFailed(_failure(replica, f"doesn't answer as an env server: {e}")) from None
+    try:
+        asyncio.run(check_same_bundle([replica.url for replica in started]))
+    except ServerMismatch as e:
+        raise ReplicasDiffer(str(e)) from None
+    except ServerUnreachable as e:
+        raise ReplicaFailed(f"a replica stopped answering while its tasks were listed: {e}") from None
+
+
+async def _answering(url: str, deadline: float) -> None:
+    """Return once the env server at ``url`` names its env to this process. Raises ServerUnreachable, the last
+    try's, when it still can't be reached at ``deadline`` (``time.monotonic()``), and as ``OpenEnvServer.env_name``
+    does when something else answers."""
+    server = OpenEnvServer(url)
+    while True:
+        try:
+            await server.env_name()
+            return
+        except ServerUnreachable:
+            if time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(_ASK_AGAIN_S)
 
 
 def _stop(name: str, *, timeout_s: float, strict: bool) -> tuple[str, ...]:

@@ -5,7 +5,8 @@ ReplicasError
 ├── NodesUnready     a node can't run its replicas (env Python, Ray or Python version, bundle, port, CPUs);
 │                    found before anything was started
 ├── ReplicaFailed    a replica didn't come up, or didn't stop; the message ends with its log
-└── ReplicasDiffer   the replicas serve different envs or task ids; they were stopped again
+└── ReplicasDiffer   the replicas fail the pool's check (chat_core's ServerMismatch): they serve different envs or
+                     task ids, or one can't list them; they were stopped again
 """
 
 from __future__ import annotations
@@ -28,4 +29,5 @@ class ReplicaFailed(ReplicasError):
 
 
 class ReplicasDiffer(ReplicasError):
-    """Two replicas serve different envs, splits or task ids, so the pool would refuse them."""
+    """Two replicas serve different envs, splits or task ids, or one can't list them, so the pool would refuse
+    them; the message is the pool's."""
