@@ -7,7 +7,8 @@
 - Episodes per second through chat_core's pool with 1, 2 and 4 replicas (1 on one node, 1 on each, 2 on each), each
   admitting ``--sessions`` episodes at once: ``--episodes`` plays of the sample bundle's task ``played`` with a tool
   that waits (``wait_for_truck``, ``--tool-s`` seconds, standing for a sandbox's I/O), ``--concurrency`` at once,
-  from a model that answers at once, so the figure shows admission and routing more than this machine's cores.
+  from a model that answers at once, so the figure shows admission and routing more than this machine's cores;
+  measured as the pool's benchmark (//tests/unit/bench:pool) measures its pools.
 
 Every replica declares 1 CPU to Ray; the two nodes declare 2 each and share this machine's cores, as the figures say.
 Run: ``./bazelw run //tests/env_replicas:bench -- [--repeats N] [--episodes N] [--concurrency C] [--sessions S]
@@ -16,25 +17,19 @@ Run: ``./bazelw run //tests/env_replicas:bench -- [--repeats N] [--episodes N] [
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
-import json
 import os
 import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections import Counter
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import ray
 import test_support
-from chat_core import ChatEndpoint, EpisodeResult, Limits, play
 from env_replicas import EnvReplicas, down, up
+from pool_bench import played_metadata, print_table, throughput
 from test_support import SAMPLE_BUNDLE, ScriptedModel, text, tool_call
 from test_support.replicas import free_ports, loopback_cluster, serves, serving_pid
 from test_support.trainer_env import env_server_environment
@@ -69,7 +64,7 @@ def main() -> None:
             nodes = sorted(node["NodeID"] for node in ray.nodes())
             ups, downs = _ups(base, args.repeats)
             restarts, ray_parts = _restarts(base, args.repeats)
-            throughput = _throughput(base, nodes, model, state, args)
+            measured = _throughputs(base, nodes, model, args)
     print(
         f"2 Ray nodes declaring {NODE_CPUS} CPUs each on a machine of {os.cpu_count()} cores; each replica reserves "
         "1 CPU"
@@ -80,10 +75,7 @@ def main() -> None:
         f"task 'played' with a {args.tool_s:g} s tool, {args.episodes} episodes, {args.concurrency} at once, "
         f"{args.sessions} sessions per replica"
     )
-    table = [["replicas", "eps/s", "wall s/ep", "cap-wait s/ep", "episodes per replica"], *throughput]
-    widths = [max(len(row[column]) for row in table) for column in range(len(table[0]))]
-    for row in table:
-        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
+    print_table([["replicas", "eps/s", "wall s/ep", "cap-wait s/ep", "episodes per replica"], *measured])
 
 
 def _ups(base: EnvReplicas, repeats: int) -> tuple[list[float], list[float]]:
@@ -127,8 +119,8 @@ def _restart_logged(log: Path, earlier: int) -> float:
     return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-def _throughput(
-    base: EnvReplicas, nodes: list[str], model: ScriptedModel, state: Path, args: argparse.Namespace
+def _throughputs(
+    base: EnvReplicas, nodes: list[str], model: ScriptedModel, args: argparse.Namespace
 ) -> list[list[str]]:
     """A row per replica count: episodes per second, mean wall and capacity-wait seconds an episode, the spread."""
     model.script([tool_call("wait_for_truck", {"seconds": args.tool_s}), text("The crate of pears is on shelf 9C.")])
@@ -139,51 +131,11 @@ def _throughput(
         replicas = up(dataclasses.replace(base, per_node=per_node, nodes=tuple(on)))
         try:
             urls = [replica.url for replica in replicas]
-            metadata = _played_row(urls[0], state / f"rows{count}")
-            limits = Limits(env_servers=urls)
-            asyncio.run(_play_all(metadata, model, limits, count, count, f"warm{count}"))
-            results, elapsed = asyncio.run(
-                _play_all(metadata, model, limits, args.episodes, args.concurrency, f"r{count}")
-            )
+            metadata = played_metadata(urls[0])
+            rows.append([str(count), *throughput(metadata, model, urls, args.episodes, args.concurrency, f"r{count}")])
         finally:
             down(base.name)
-        if unscored := [result for result in results if not result.scored]:
-            raise SystemExit(f"{len(unscored)} episode(s) weren't scored, e.g. {unscored[0].flags}")
-        spread = Counter(result.env_server for result in results)
-        rows.append(
-            [
-                str(count),
-                f"{len(results) / elapsed:.2f}",
-                f"{statistics.mean(result.timings.wall_s for result in results):.2f}",
-                f"{statistics.mean(result.timings.capacity_wait_s for result in results):.2f}",
-                "/".join(str(spread[url]) for url in urls),
-            ]
-        )
     return rows
-
-
-async def _play_all(
-    metadata: dict[str, Any], model: ScriptedModel, limits: Limits, episodes: int, concurrency: int, label: str
-) -> tuple[list[EpisodeResult], float]:
-    """``episodes`` plays of ``metadata``'s task, at most ``concurrency`` at once, and the seconds they took."""
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one(number: int) -> EpisodeResult:
-        session = f"{label}-{number}"
-        chat = ChatEndpoint(model.base_url + "/chat/completions", "bench", {"Authorization": f"Bearer {session}"})
-        async with gate:
-            return await play(metadata, chat, {}, limits)
-
-    began = time.monotonic()
-    results = await asyncio.gather(*(one(number) for number in range(episodes)))
-    return results, time.monotonic() - began
-
-
-def _played_row(url: str, out: Path) -> dict[str, Any]:
-    """The metadata of the task ``played``'s row, written by ``python -m chat_core.prepare`` from ``url``."""
-    subprocess.run([sys.executable, "-m", "chat_core.prepare", url, str(out)], check=True, capture_output=True)
-    rows = map(json.loads, (out / "all.jsonl").read_text().splitlines())
-    return next(row["metadata"] for row in rows if row["metadata"]["episode"]["task_name"] == "played")
 
 
 def _spread(seconds: list[float]) -> str:

@@ -83,7 +83,7 @@ def inspect_node(env_python: str, bundle: str, ports: Sequence[int], env_vars: M
         "env": env,
         "env_failure": failure,
         "bundle_found": Path(bundle).is_dir(),
-        "ports_taken": tuple(port for port in ports if not _free(port)),
+        "ports_taken": tuple(port for port in ports if not port_free(port)),
     }
 
 
@@ -132,7 +132,8 @@ def _minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
 
 
-def _free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether nothing on this machine holds ``port``, on any address, at the moment of asking."""
     try:
         socket.create_server(("0.0.0.0", port)).close()
     except OSError:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import socket
 import tempfile
 import urllib.request
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from contextlib import contextmanager
 
 import psutil
 import ray
+from env_replicas.checks import port_free
 from ray.cluster_utils import Cluster
 
 REPLICA_PORTS = range(10000, 20000)
@@ -60,7 +60,7 @@ def free_ports(count: int) -> int:
     """The first of ``count`` consecutive ports nothing holds, on any address, at the moment of asking, drawn from
     ``REPLICA_PORTS``. Raises RuntimeError when 100 draws find none."""
     for first in random.sample(range(REPLICA_PORTS.start, REPLICA_PORTS.stop - count), 100):
-        if all(_free(first + n) for n in range(count)):
+        if all(port_free(first + n) for n in range(count)):
             return first
     raise RuntimeError(f"no {count} consecutive free ports in {REPLICA_PORTS}")
 
@@ -80,11 +80,3 @@ def serves(url: str) -> bool:
             return True
     except OSError:
         return False
-
-
-def _free(port: int) -> bool:
-    try:
-        socket.create_server(("0.0.0.0", port)).close()
-    except OSError:
-        return False
-    return True
