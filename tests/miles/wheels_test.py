@@ -2,7 +2,8 @@
 chat-core[miles]`` adds ``chat_core`` and ``miles_helper`` to a copy of the Miles environment and moves none of its
 packages, Miles' own loader finds the agent, its abort hook, the reward and the filter in the installed wheels
 without pulling in anything of the env server or of the tests, and the GPU command (``tests/gpu/run.py miles``) runs
-from them up to the Ray job it submits.
+from them up to the Ray job it submits. ``pip install env-replicas`` adds ``env_replicas`` and ``chat_core`` only, and
+its command runs from them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from launches import Run, eval_splits, miles_args
 from test_support.checkpoint import QWEN3_4B, weightless_checkpoint
-from test_support.trainer_env import Installed, installed_extra
+from test_support.trainer_env import Installed, installed_wheels
 
 GPU = Path(__file__).resolve().parents[1] / "gpu"
 
@@ -29,7 +30,7 @@ GPUS = 4
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
-    with installed_extra("miles", tmp_path_factory.mktemp("miles") / "env") as installed:
+    with installed_wheels("chat-core[miles]", tmp_path_factory.mktemp("miles") / "env") as installed:
         yield installed
 
 
@@ -39,6 +40,13 @@ def test_the_miles_extra_adds_chat_core_and_miles_helper_only_and_moves_none_of_
 
 def test_the_wheels_need_only_chat_core_and_what_it_talks_to_the_env_server_with(installed):
     installed.check_requirements("miles-helper")
+
+
+def test_env_replicas_adds_itself_and_chat_core_only_and_its_command_runs_from_the_wheels(tmp_path: Path):
+    with installed_wheels("env-replicas", tmp_path / "env") as replicas:
+        replicas.check_adds_only(["chat-core", "env-replicas"])
+        replicas.check_requirements("env-replicas")
+        replicas.env.run("-m", "env_replicas", "up", "--help")
 
 
 def test_miles_loader_finds_the_agent_abort_reward_and_filter_in_the_installed_wheels(installed):

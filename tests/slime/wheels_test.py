@@ -2,7 +2,8 @@
 chat-core[slime]`` adds ``chat_core`` and ``slime_helper`` to a copy of the slime environment and moves none of its
 packages, slime's own loader finds the generate function and filter in the installed wheels without pulling in
 anything of the env server or of the tests, and the GPU command (``tests/gpu/run.py slime``) runs from them up to the
-Ray job it submits.
+Ray job it submits. ``pip install env-replicas`` adds ``env_replicas`` and ``chat_core`` only, and its command runs
+from them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from launches import Run, eval_splits, slime_args
 from test_support.checkpoint import QWEN3_4B, weightless_checkpoint
-from test_support.trainer_env import Installed, installed_extra
+from test_support.trainer_env import Installed, installed_wheels
 
 FUNCTIONS = {
     "slime_helper.generate.generate": "slime_helper.generate.generate",
@@ -26,7 +27,7 @@ GPUS = 4
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
-    with installed_extra("slime", tmp_path_factory.mktemp("slime") / "env") as installed:
+    with installed_wheels("chat-core[slime]", tmp_path_factory.mktemp("slime") / "env") as installed:
         yield installed
 
 
@@ -36,6 +37,13 @@ def test_the_slime_extra_adds_chat_core_and_slime_helper_only_and_moves_none_of_
 
 def test_the_wheels_need_only_chat_core_and_what_it_talks_to_the_env_server_with(installed):
     installed.check_requirements("slime-helper")
+
+
+def test_env_replicas_adds_itself_and_chat_core_only_and_its_command_runs_from_the_wheels(tmp_path: Path):
+    with installed_wheels("env-replicas", tmp_path / "env") as replicas:
+        replicas.check_adds_only(["chat-core", "env-replicas"])
+        replicas.check_requirements("env-replicas")
+        replicas.env.run("-m", "env_replicas", "up", "--help")
 
 
 def test_slimes_loader_finds_the_generate_function_and_filter_in_the_installed_wheels(installed):

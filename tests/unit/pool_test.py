@@ -1,7 +1,9 @@
 """A pool of env servers, played through real ``build_app`` servers on loopback and the scripted model: episodes
 spread over the replicas within each one's session limit, each starting on the one with the fewest in flight, a
 replica that dies is skipped and tried again once it is back, a server serving another bundle is refused before
-anything plays, and rows prepared at one address play through the pool's addresses."""
+anything plays, and rows prepared at one address play through the pool's addresses. ``check_same_bundle``, the
+pool's check of a list of servers at once, passes servers of one bundle and names the first that serves another,
+can't be reached or isn't an env server."""
 
 from __future__ import annotations
 
@@ -16,8 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chat_core import ENV_SERVERS_VARIABLE, ChatEndpoint, EpisodeResult, FlagKind, Limits, ServerMismatch, play
-from chat_core.pool import EnvPool
+from chat_core import (
+    ENV_SERVERS_VARIABLE,
+    ChatEndpoint,
+    EpisodeResult,
+    FlagKind,
+    Limits,
+    ServerMismatch,
+    ServerUnreachable,
+    play,
+)
+from chat_core.pool import EnvPool, check_same_bundle
 from chat_core.prepare import write_rows
 from test_support import SAMPLE_BUNDLE, SCRIPTS, ScriptedModel, ServedBundle, delay, serve_bundle, text
 from test_support.waits import free_port, until
@@ -49,6 +60,15 @@ def rows(replicas: list[ServedBundle], tmp_path_factory: pytest.TempPathFactory)
     asyncio.run(write_rows(replicas[0].url.replace("127.0.0.1", "localhost"), out, progress=False))
     lines = (out / "all.jsonl").read_text().splitlines()
     return {row["metadata"]["episode"]["task_name"]: row["metadata"] for row in map(json.loads, lines)}
+
+
+@pytest.fixture
+def other_bundle(tmp_path: Path) -> Path:
+    """The sample bundle at another path with its first task renamed: another env version's task ids."""
+    other = tmp_path / "sample-env"
+    shutil.copytree(SAMPLE_BUNDLE, other)
+    (other / "tasks" / "scores_zero.json").rename(other / "tasks" / "scores_nothing.json")
+    return other
 
 
 def _chat(model: ScriptedModel, session: str) -> ChatEndpoint:
@@ -152,13 +172,9 @@ def test_a_stale_row_is_refused_by_the_pool(
 
 
 def test_a_server_of_another_bundle_is_refused_at_start(
-    pool: list[ServedBundle], rows: Rows, scripted_model: ScriptedModel, tmp_path: Path
+    pool: list[ServedBundle], rows: Rows, scripted_model: ScriptedModel, other_bundle: Path
 ) -> None:
-    other = tmp_path / "sample-env"
-    shutil.copytree(SAMPLE_BUNDLE, other)
-    (other / "tasks" / "scores_zero.json").rename(other / "tasks" / "scores_nothing.json")
-
-    with serve_bundle(other) as served:
+    with serve_bundle(other_bundle) as served:
         limits = Limits(env_servers=[pool[0].url, served.url])
         with pytest.raises(ServerMismatch) as refused:
             asyncio.run(_played(rows["played"], scripted_model, SCRIPTS["played"], "refused", limits))
@@ -168,6 +184,31 @@ def test_a_server_of_another_bundle_is_refused_at_start(
     assert served.url in str(refused.value) and pool[0].url in str(refused.value)
     assert "as task #0 of split 'all'" in str(refused.value)
     assert scripted_model.requests == []
+
+
+def test_the_pools_check_passes_servers_of_one_bundle_and_names_the_first_that_differs(
+    pool: list[ServedBundle], other_bundle: Path
+) -> None:
+    with serve_bundle(other_bundle) as served, pytest.raises(ServerMismatch) as differs:
+        asyncio.run(check_same_bundle([*_urls(*pool), served.url]))
+
+    asyncio.run(check_same_bundle(_urls(*pool)))
+    theirs, ours = (f"'@local{bundle.resolve()}/adds_a_crate'" for bundle in (other_bundle, SAMPLE_BUNDLE))
+    assert str(differs.value) == (
+        f"{served.url} serves {theirs} as task #0 of split 'all', but {pool[0].url} serves {ours}: every server of "
+        "the pool must serve the same bundle"
+    )
+
+
+def test_the_pools_check_names_a_server_that_cant_be_reached_or_isnt_an_env_server(
+    pool: list[ServedBundle], scripted_model: ScriptedModel
+) -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}"
+
+    with pytest.raises(ServerUnreachable, match=f"can't reach {nowhere}"):
+        asyncio.run(check_same_bundle([pool[0].url, nowhere, scripted_model.url]))
+    with pytest.raises(ServerMismatch, match=f"{scripted_model.url} can't serve the pool: .* isn't an OpenEnv server"):
+        asyncio.run(check_same_bundle([pool[0].url, scripted_model.url]))
 
 
 def test_a_replica_that_dies_is_skipped_and_tried_again_once_it_is_back(

@@ -1,14 +1,16 @@
-"""Build a trainer's Python environment outside the repository:
-``PYTHONPATH=third_party python3.11 tools/envs/build_env.py slime``, as ``./bazelw`` does for both trainers.
+"""Build a trainer's Python environment, or the env server's, outside the repository:
+``PYTHONPATH=third_party python3.11 tools/envs/build_env.py slime``, as ``./bazelw`` does for both trainers and for
+``env-server``.
 
 An environment is a virtualenv in the pins' cache, ``<cache>/envs/<name>-<hash>``, where the hash covers its spec
 (every file in ``tools/envs/<name>/``) and the pins it puts on the path, so a changed spec or pin builds a new one
 and an unchanged one is reused at once. ``.venvs/<name>`` in the repository points at the one in use.
 
 A build: ``torch.txt`` → ``no-deps.txt`` (``--no-deps``) → ``requirements.txt``, each step after the first
-constrained by ``torch.txt`` so nothing resolves another torch → the recipe's pinned code copied into the
-environment's ``upstream/`` folder, which one ``.pth`` puts on the path → an import check → ``freeze.txt`` and
-``build.json`` (build time, size, pins) → the completion marker. The pins' cache is only read.
+constrained by ``torch.txt`` so nothing resolves another torch (a spec without ``torch.txt`` or ``no-deps.txt``
+skips that step) → the recipe's pinned code copied into the environment's ``upstream/`` folder, which one ``.pth``
+puts on the path → an import check → ``freeze.txt`` and ``build.json`` (build time, size, pins) → the completion
+marker. The pins' cache is only read.
 
 slime's recipe copies slime's ``slime`` and ``slime_plugins`` packages, and Megatron-LM's ``megatron`` package with
 slime's ``docker/patch/latest/megatron*.patch`` applied as slime's image applies them. Only the ``megatron`` package
@@ -16,6 +18,11 @@ goes on the path: Megatron-LM's top-level ``tests`` package would shadow others.
 
 Miles' recipe copies Miles' ``miles`` and ``miles_plugins`` packages. Its ``fsdp`` backend, the one whose arguments
 the Miles tier parses, needs no Megatron-LM.
+
+The env server's environment (``env-server``) is what ``env_replicas`` runs each replica on through Ray's
+``py_executable``: agentenv-framework[openenv], uvicorn and the trainers' Ray, from a lock (``requirements.txt``,
+compiled from ``requirements.in``), with no pins and nothing upstream. agentenv-framework can't go into a trainer's
+environment (their openai pins clash), and a replica's worker needs the cluster's exact Ray to start.
 
 Standard library only, so any python3.11 runs it; the virtualenv gets the interpreter that runs it. It reads the pins
 with ``pins`` from ``third_party``, which whoever runs it puts on ``PYTHONPATH``: ``./bazelw`` here, and Bazel's
@@ -52,10 +59,11 @@ class BuildError(Exception):
 @dataclass(frozen=True)
 class Recipe:
     """What an environment takes beyond its spec's packages: the pins it needs, how their code goes into the
-    environment's ``upstream/`` folder (given each pin's work tree), and the imports that prove it works."""
+    environment's ``upstream/`` folder (given each pin's work tree; None when nothing does), and the imports that
+    prove it works."""
 
     pins: tuple[str, ...]
-    upstream: Callable[[dict[str, Path], Path], None]
+    upstream: Callable[[dict[str, Path], Path], None] | None
     import_check: str
 
 
@@ -90,6 +98,7 @@ RECIPES = {
             "miles.utils.arguments, websockets.asyncio.client"
         ),
     ),
+    "env-server": Recipe(pins=(), upstream=None, import_check="import agent_env.openenv, ray, uvicorn"),
 }
 
 
@@ -124,17 +133,20 @@ def _build(name: str, trees: dict[str, Path], target: Path) -> None:
     _run([sys.executable, "-m", "venv", str(target)])
     python = str(target / "bin" / "python")
     pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"]
-    torch = str(spec / "torch.txt")
-    _run([*pip, "-r", torch])
+    constraint = []
+    if (spec / "torch.txt").is_file():
+        _run([*pip, "-r", str(spec / "torch.txt")])
+        constraint = ["-c", str(spec / "torch.txt")]
     if (spec / "no-deps.txt").is_file():
-        _run([*pip, "--no-deps", "-c", torch, "-r", str(spec / "no-deps.txt")])
-    _run([*pip, "-c", torch, "-r", str(spec / "requirements.txt")])
+        _run([*pip, "--no-deps", *constraint, "-r", str(spec / "no-deps.txt")])
+    _run([*pip, *constraint, "-r", str(spec / "requirements.txt")])
 
-    upstream = target / "upstream"
-    RECIPES[name].upstream(trees, upstream)
-    site = Path(_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]))
-    (site / "trainer_helpers_upstream.pth").write_text(f"{upstream}\n")
-    print(f"build_env: on the path from {upstream}: " + ", ".join(sorted(p.name for p in upstream.iterdir())))
+    if (upstream_of := RECIPES[name].upstream) is not None:
+        upstream = target / "upstream"
+        upstream_of(trees, upstream)
+        site = Path(_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]))
+        (site / "trainer_helpers_upstream.pth").write_text(f"{upstream}\n")
+        print(f"build_env: on the path from {upstream}: " + ", ".join(sorted(p.name for p in upstream.iterdir())))
     _run([python, "-c", RECIPES[name].import_check])
 
     frozen = _output([python, "-m", "pip", "freeze", "--disable-pip-version-check"])

@@ -4,6 +4,7 @@ A launch names the pool (``Limits.env_servers``, else the environment variable `
 its rows are then played on the pool instead of the server each row was prepared from. Before a server gets its
 first episode it is checked to serve the rows' env with the same task ids per split as the others; a server that
 doesn't is a ``ServerMismatch`` for every later episode, since the launch names the wrong server.
+``check_same_bundle`` makes the same check of a list of servers at once, for whoever starts them (``env_replicas``).
 
 Routing: each episode starts on the server with the fewest episodes in flight from this process, within the session
 limit a server's ``CAPACITY_REACHED`` refusal told. A full server is skipped for another; one that can't be reached,
@@ -38,6 +39,58 @@ _POLL_S = 0.05
 
 Catalogue = dict[str, tuple[str, ...]]
 """A server's task ids, by split, in index order."""
+
+
+@dataclass(frozen=True)
+class _Served:
+    """What the server at ``url`` serves: its env's name and its task ids by split."""
+
+    url: str
+    env_name: str
+    catalogue: Catalogue
+
+    def mismatch(self, reference: _Served) -> ServerMismatch | None:
+        """The ServerMismatch naming this server and the first thing it serves differently from ``reference``, or
+        None when it serves the same env, splits and task ids."""
+        if difference := _difference(self, reference):
+            return ServerMismatch(
+                f"{self.url} serves {difference}: every server of the pool must serve the same bundle"
+            )
+        return None
+
+
+async def check_same_bundle(urls: Sequence[str]) -> None:
+    """Check the servers at ``urls`` as a pool checks each before its first episode: every one serves the same env,
+    with the same splits and the same task ids at the same places, as the first. Raises ServerMismatch naming a
+    server and the first thing it serves differently from the first server, or why it can't serve a pool (it answers
+    outside the Task API); ServerUnreachable when a server can't be reached, where a pool would rest it and ask
+    again; InvalidServerUrl when a URL isn't an absolute http(s) URL. When several servers fail, the error is the
+    first one's in ``urls``."""
+    servers = [server_url(url) for url in urls]
+    found = await asyncio.gather(*map(_served, servers), return_exceptions=True)
+    for each in found:
+        if isinstance(each, BaseException):
+            raise each
+    for served in found[1:]:
+        if mismatch := served.mismatch(found[0]):
+            raise mismatch
+
+
+async def _served(url: str) -> _Served:
+    """What the server at ``url`` serves. Raises ServerUnreachable when it can't be reached, and ServerMismatch when
+    it answers, but not as an OpenEnv server a pool can play on."""
+    try:
+        api = OpenEnvServer(url)
+        name = await api.env_name()
+        splits = await api.splits()
+        tasks = await asyncio.gather(*map(api.tasks, splits))
+    except ServerUnreachable:
+        raise
+    except OpenEnvError as e:
+        raise ServerMismatch(f"{url} can't serve the pool: {e}") from None
+    return _Served(
+        url, name, {split: tuple(task.id for task in listed) for split, listed in zip(splits, tasks, strict=True)}
+    )
 
 
 def env_servers(named: Sequence[str]) -> tuple[str, ...]:
@@ -95,8 +148,7 @@ class EnvPool:
     def __init__(self, urls: tuple[str, ...]):
         self._servers = [_Server(url) for url in urls]
         self._refusal: ServerMismatch | None = None
-        self._env_name: str | None = None
-        self._reference: tuple[str, Catalogue] | None = None
+        self._reference: _Served | None = None
         self._lock_loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock: asyncio.Lock | None = None
         self._picks = 0
@@ -116,20 +168,21 @@ class EnvPool:
         ServerMismatch when a server serves another env, other splits or other task ids than the pool's first
         checked one (then at every later call too), or doesn't serve the row's task at the row's place."""
         await self._check_due()
-        if self._env_name is not None and self._env_name != episode.env_name:
+        reference = self._reference
+        if reference is None:
+            return
+        if reference.env_name != episode.env_name:
             raise ServerMismatch(
-                f"the env servers {', '.join(self._urls())} serve env {self._env_name!r}, but the row is of env "
+                f"the env servers {', '.join(self._urls())} serve env {reference.env_name!r}, but the row is of env "
                 f"{episode.env_name!r}: name this env's servers to the launch"
             )
-        if self._reference is not None:
-            url, catalogue = self._reference
-            served = catalogue.get(episode.split, ())
-            task = served[episode.index] if episode.index < len(served) else None
-            if task != episode.task_id:
-                raise ServerMismatch(
-                    f"{url} serves {task!r} as task #{episode.index} of split {episode.split!r}, but the row is for "
-                    f"{episode.task_id!r}: prepare the rows again from the pool's bundle"
-                )
+        served = reference.catalogue.get(episode.split, ())
+        task = served[episode.index] if episode.index < len(served) else None
+        if task != episode.task_id:
+            raise ServerMismatch(
+                f"{reference.url} serves {task!r} as task #{episode.index} of split {episode.split!r}, but the row is "
+                f"for {episode.task_id!r}: prepare the rows again from the pool's bundle"
+            )
 
     async def _check_due(self) -> None:
         """Check the servers not checked yet whose rest is over; raises the pool's ServerMismatch if it has one."""
@@ -137,9 +190,9 @@ class EnvPool:
             async with self._lock():
                 now = time.monotonic()
                 due = [s for s in self._servers if s.catalogue is None and s.rested_until <= now]
-                for server, found in zip(due, await asyncio.gather(*map(self._catalogue_of, due)), strict=True):
-                    if found is not None:
-                        self._admit(server, *found)
+                for server, served in zip(due, await asyncio.gather(*map(self._served_by, due)), strict=True):
+                    if served is not None:
+                        self._admit(server, served)
         if self._refusal is not None:
             raise self._refusal
 
@@ -147,31 +200,25 @@ class EnvPool:
         """An episode's session on the pool, waiting for a free session and bounding its calls as ``limits`` says."""
         return PooledSession(self, limits)
 
-    async def _catalogue_of(self, server: _Server) -> tuple[str, Catalogue] | None:
-        """The env name and task ids ``server`` serves, or None when it can't be reached (it is rested)."""
+    async def _served_by(self, server: _Server) -> _Served | None:
+        """What ``server`` serves, or None when it can't be reached (it is rested) or can't serve the pool (the
+        pool's refusal)."""
         try:
-            api = OpenEnvServer(server.url)
-            name = await api.env_name()
-            splits = await api.splits()
-            tasks = await asyncio.gather(*map(api.tasks, splits))
+            return await _served(server.url)
         except ServerUnreachable as e:
             server.failed(str(e), time.monotonic())
-            return None
-        except OpenEnvError as e:
-            self._refusal = self._refusal or ServerMismatch(f"{server.url} can't serve the pool: {e}")
-            return None
-        return name, {split: tuple(task.id for task in listed) for split, listed in zip(splits, tasks, strict=True)}
+        except ServerMismatch as e:
+            self._refusal = self._refusal or e
+        return None
 
-    def _admit(self, server: _Server, env_name: str, catalogue: Catalogue) -> None:
+    def _admit(self, server: _Server, served: _Served) -> None:
         """Take ``server`` into the routing when it serves what the pool's first checked server does."""
         if self._reference is None:
-            self._env_name, self._reference = env_name, (server.url, catalogue)
-        elif difference := _difference(env_name, catalogue, self._env_name or "", *self._reference):
-            self._refusal = self._refusal or ServerMismatch(
-                f"{server.url} serves {difference}: every server of the pool must serve the same bundle"
-            )
+            self._reference = served
+        elif mismatch := served.mismatch(self._reference):
+            self._refusal = self._refusal or mismatch
             return
-        server.catalogue = catalogue
+        server.catalogue = served.catalogue
         server.answered()
 
     def _pick(self, now: float) -> _Server | None:
@@ -280,20 +327,20 @@ class PooledSession:
         return self._session
 
 
-def _difference(
-    env_name: str, catalogue: Catalogue, reference_env: str, reference_url: str, reference: Catalogue
-) -> str | None:
-    """What a server serving ``env_name`` with ``catalogue`` serves differently from the reference server, or None."""
-    if env_name != reference_env:
-        return f"env {env_name!r}, but {reference_url} serves env {reference_env!r}"
-    if list(catalogue) != list(reference):
-        return f"the splits {list(catalogue)}, but {reference_url} serves {list(reference)}"
-    for split, ids in catalogue.items():
-        if ids != reference[split]:
-            for index, (here, there) in enumerate(zip(ids, reference[split], strict=False)):
-                if here != there:
-                    return f"{here!r} as task #{index} of split {split!r}, but {reference_url} serves {there!r}"
-            return f"{len(ids)} tasks in split {split!r}, but {reference_url} serves {len(reference[split])}"
+def _difference(served: _Served, reference: _Served) -> str | None:
+    """The first thing ``served`` serves differently from ``reference``, in words, or None."""
+    there = reference.url
+    if served.env_name != reference.env_name:
+        return f"env {served.env_name!r}, but {there} serves env {reference.env_name!r}"
+    if list(served.catalogue) != list(reference.catalogue):
+        return f"the splits {list(served.catalogue)}, but {there} serves {list(reference.catalogue)}"
+    for split, ids in served.catalogue.items():
+        theirs = reference.catalogue[split]
+        if ids != theirs:
+            for index, (mine, its) in enumerate(zip(ids, theirs, strict=False)):
+                if mine != its:
+                    return f"{mine!r} as task #{index} of split {split!r}, but {there} serves {its!r}"
+            return f"{len(ids)} tasks in split {split!r}, but {there} serves {len(theirs)}"
     return None
 
 

@@ -40,7 +40,7 @@ PINNED = ("torch", "transformers", "sglang", "openai")
 """Distributions both trainers' images pin: installing the wheels must find each there and leave it as it is."""
 NOT_SHIPPED = frozenset({"test_support", "agent_env", "openenv", "pytest"})
 """Top-level modules of the env server and of the tests, none of which the shipped functions may import."""
-_WHEELS = ("chat_core", "miles_helper", "slime_helper")
+_WHEELS = ("chat_core", "env_replicas", "miles_helper", "slime_helper")
 _CHAT_CORE_REQUIREMENTS = [
     "aiohttp>=3.12",
     'miles-helper==0.1.0; extra == "miles"',
@@ -139,7 +139,7 @@ class Installed:
 
     def check_requirements(self, helper: str) -> None:
         """Raises AssertionError unless chat-core requires only what it talks to the env server with and, by extra,
-        each trainer's helper, and ``helper`` (e.g. ``slime-helper``) only chat-core."""
+        each trainer's helper, and ``helper`` (e.g. ``slime-helper``, ``env-replicas``) only chat-core."""
         declared = self.env.requirements(["chat-core", helper])
         expected = {"chat-core": _CHAT_CORE_REQUIREMENTS, helper: ["chat-core==0.1.0"]}
         assert declared == expected, f"declared {declared}, not {expected}"
@@ -200,12 +200,12 @@ def installed_copy(env: Path, folder: Path, wheels: Sequence[Path], requirement:
 
 
 @contextmanager
-def installed_extra(extra: str, folder: Path) -> Iterator[Installed]:
-    """``installed_copy`` of ``chat-core[extra]`` into a copy, at ``folder``, of the environment this process runs
-    in, from the wheels Bazel names in ``WHEELS`` (by hand, build them with ``bazel build //packages:wheels`` and
-    name them there)."""
+def installed_wheels(requirement: str, folder: Path) -> Iterator[Installed]:
+    """``installed_copy`` of ``requirement`` (``chat-core[slime]``, ``env-replicas``) into a copy, at ``folder``, of
+    the environment this process runs in, from the wheels Bazel names in ``WHEELS`` (by hand, build them with
+    ``bazel build //packages:wheels`` and name them there)."""
     wheels = wheels_from(os.environ.get("WHEELS", ""), _WHEELS)
-    with installed_copy(Path(sys.prefix), folder, wheels, f"chat-core[{extra}]") as installed:
+    with installed_copy(Path(sys.prefix), folder, wheels, requirement) as installed:
         yield installed
 
 
@@ -243,6 +243,19 @@ def server_python() -> Path:
 
 class TierUnready(Exception):
     """A trainer tier can't run here; the message says what is missing and how to provide it."""
+
+
+def env_server_environment() -> Path:
+    """The Python of the env server's environment of the current spec (``build_env``'s ``env-server``: agent-env,
+    uvicorn and the trainers' Ray), on which ``env_replicas`` runs its replicas. Raises TierUnready, saying how to
+    build it, when it isn't built."""
+    root = build_env.env_dir("env-server")
+    if not (root / build_env.DONE_MARKER).is_file():
+        raise TierUnready(
+            f"the env server's environment of the current spec ({root}) isn't built: run ./bazelw version to build "
+            "it (or PYTHONPATH=third_party python3.11 tools/envs/build_env.py env-server)"
+        )
+    return root / "bin" / "python"
 
 
 def require_tier(tier: str, pinned: Sequence[str]) -> Path:

@@ -3,7 +3,8 @@ It serves the sample bundle with agent-env's real server three times, each admit
 and plays the task ``played`` with a tool that waits (``wait_for_truck``, ``--tool-s`` seconds, standing for a
 sandbox's I/O), from a model that answers at once, so the figure shows admission and routing rather than this
 machine's cores. Per pool size it prints the episodes per second, the mean wall and capacity-wait time per
-episode, and how the episodes spread over the servers.
+episode, and how the episodes spread over the servers. The replicas' benchmark (//tests/env_replicas:bench) measures
+its pools with ``throughput`` and prints them with ``print_table``.
 
 Run: ``./bazelw run //tests/unit/bench:pool -- [--episodes N] [--concurrency C] [--sessions S] [--tool-s T]``."""
 
@@ -16,6 +17,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,43 @@ from chat_core.prepare import write_rows
 from test_support import ScriptedModel, serve_bundle, text, tool_call
 
 REPLICAS = (1, 2, 3)
+
+
+def played_metadata(url: str) -> dict[str, Any]:
+    """The row metadata of the sample bundle's task ``played``, prepared from the server at ``url``."""
+    with tempfile.TemporaryDirectory() as folder:
+        rows_folder = Path(folder) / "rows"
+        asyncio.run(write_rows(url, rows_folder, progress=False))
+        rows = [json.loads(line) for line in (rows_folder / "all.jsonl").read_text().splitlines()]
+    return next(row["metadata"] for row in rows if row["metadata"]["episode"]["task_name"] == "played")
+
+
+def throughput(
+    metadata: dict[str, Any], model: ScriptedModel, urls: Sequence[str], episodes: int, concurrency: int, label: str
+) -> list[str]:
+    """A pool of the servers at ``urls`` measured: after a warm-up episode on each server, ``episodes`` plays of
+    ``metadata``'s task, ``concurrency`` at once, as the cells of a row: episodes per second, the mean wall and
+    capacity-wait seconds of an episode, and the episodes each server played. Raises SystemExit when an episode
+    isn't scored."""
+    limits = Limits(env_servers=urls)
+    asyncio.run(_play_all(metadata, model, limits, len(urls), len(urls), f"warm-{label}"))
+    results, elapsed = asyncio.run(_play_all(metadata, model, limits, episodes, concurrency, label))
+    if unscored := [result for result in results if not result.scored]:
+        raise SystemExit(f"{len(unscored)} episode(s) weren't scored, e.g. {unscored[0].flags}")
+    spread = Counter(result.env_server for result in results)
+    return [
+        f"{len(results) / elapsed:.2f}",
+        f"{statistics.mean(result.timings.wall_s for result in results):.2f}",
+        f"{statistics.mean(result.timings.capacity_wait_s for result in results):.2f}",
+        "/".join(str(spread[url]) for url in urls),
+    ]
+
+
+def print_table(table: list[list[str]]) -> None:
+    """``table``'s rows, each column right-aligned to its widest cell."""
+    widths = [max(len(row[column]) for row in table) for column in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
 
 
 async def _play_all(
@@ -54,38 +93,18 @@ def main() -> None:
     steps = [tool_call("wait_for_truck", {"seconds": args.tool_s}), text("The crate of pears is on shelf 9C.")]
     with ExitStack() as stack, ScriptedModel() as model:
         servers = [stack.enter_context(serve_bundle(max_concurrent_envs=args.sessions)) for _ in range(max(REPLICAS))]
-        with tempfile.TemporaryDirectory() as folder:
-            asyncio.run(write_rows(servers[0].url, Path(folder) / "rows", progress=False))
-            rows = [json.loads(line) for line in (Path(folder) / "rows" / "all.jsonl").read_text().splitlines()]
-        metadata = next(row["metadata"] for row in rows if row["metadata"]["episode"]["task_name"] == "played")
+        metadata = played_metadata(servers[0].url)
         model.script(steps)
         table = [["servers", "eps", "eps/s", "wall s/ep", "cap-wait s/ep", "episodes per server"]]
         for count in REPLICAS:
-            limits = Limits(env_servers=[server.url for server in servers[:count]])
-            asyncio.run(_play_all(metadata, model, limits, count, count, f"warm{count}"))
-            results, elapsed = asyncio.run(
-                _play_all(metadata, model, limits, args.episodes, args.concurrency, f"r{count}")
-            )
-            if unscored := [result for result in results if not result.scored]:
-                raise SystemExit(f"{len(unscored)} episode(s) weren't scored, e.g. {unscored[0].flags}")
-            spread = Counter(result.env_server for result in results)
-            table.append(
-                [
-                    str(count),
-                    str(len(results)),
-                    f"{len(results) / elapsed:.2f}",
-                    f"{statistics.mean(result.timings.wall_s for result in results):.2f}",
-                    f"{statistics.mean(result.timings.capacity_wait_s for result in results):.2f}",
-                    "/".join(str(spread[server.url]) for server in servers[:count]),
-                ]
-            )
-    widths = [max(len(row[column]) for row in table) for column in range(len(table[0]))]
+            urls = [server.url for server in servers[:count]]
+            measured = throughput(metadata, model, urls, args.episodes, args.concurrency, f"r{count}")
+            table.append([str(count), str(args.episodes), *measured])
     print(
         f"task 'played' with a {args.tool_s:g} s tool, {args.episodes} episodes, {args.concurrency} at once, "
         f"{args.sessions} sessions per server"
     )
-    for row in table:
-        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
+    print_table(table)
 
 
 if __name__ == "__main__":
