@@ -1,10 +1,10 @@
 """JSON and text as chat_core reads them from the wire and writes them to it.
 
-orjson does the work (SGLang depends on it, so both trainers' images have it): parsing and encoding were a sixth of
-the loop's CPU with the standard library's ``json``. What orjson refuses is handed to ``json``, so a reply carrying
-``NaN`` or ``Infinity`` (which Python's own encoder writes) reads as before, and text nested too deeply for ``json``
-(it recurses once per level) raises the ValueError of any other text that can't be read. orjson reads an integer
-past 64 bits as the nearest float."""
+orjson does the work (SGLang depends on it, so both trainers' images have it): the standard library's ``json`` is
+several times slower, and every env answer and chat reply is parsed. What orjson refuses is handed to ``json``, so a
+reply carrying ``NaN`` or ``Infinity`` (which Python's own encoder writes) still reads, and text nested too deeply
+for ``json`` (it recurses once per level) raises the ValueError of any other text that can't be read. orjson reads
+an integer past 64 bits as the nearest float."""
 
 from __future__ import annotations
 
