@@ -17,7 +17,7 @@ import signal
 import ssl
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,6 @@ from websockets.asyncio.server import ServerConnection, serve
 
 pytest_plugins = ["test_support.pytest_plugin"]
 
-CERTIFICATE = Path(__file__).with_name("tls") / "localhost.pem"
 MIB = 1 << 20
 LIMIT = MIB
 """The answer and message limit the cases run with, so that memory bounded by the limit is told apart from memory
@@ -52,12 +51,6 @@ LIMITS = Limits(max_chat_answer_bytes=LIMIT, max_env_message_bytes=LIMIT)
 MAX_STALL_S = 3.0
 MAX_PEAK_BYTES = 24 * MIB
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-@pytest.fixture
-def servers() -> Iterator[ServerThread]:
-    with ServerThread() as thread:
-        yield thread
 
 
 @pytest.fixture(scope="module")
@@ -95,18 +88,23 @@ async def read_request(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.readexactly(length)
 
 
+async def written(writer: asyncio.StreamWriter, parts: tuple[bytes, ...], then_forever: bytes | None) -> None:
+    """Write ``parts``, then ``then_forever`` again and again for as long as the client reads."""
+    for part in parts:
+        writer.write(part)
+        await writer.drain()
+    while then_forever is not None:
+        writer.write(then_forever)
+        await writer.drain()
+
+
 def answering(*parts: bytes, then_forever: bytes | None = None) -> Handler:
     """A server answering each request with ``parts``, then writing ``then_forever`` for as long as it is read."""
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             await read_request(reader)
-            for part in parts:
-                writer.write(part)
-                await writer.drain()
-            while then_forever is not None:
-                writer.write(then_forever)
-                await writer.drain()
+            await written(writer, parts, then_forever)
 
     return handler
 
@@ -145,10 +143,10 @@ CHAT_CASES = {
 
 @pytest.mark.parametrize("case", CHAT_CASES)
 def test_a_chat_endpoint_answering_outside_http_fails_the_episodes_chat_at_once(
-    case: str, servers: ServerThread, sample_env: ServedBundle, played_row: dict[str, Any]
+    case: str, raw_server_thread: ServerThread, sample_env: ServedBundle, played_row: dict[str, Any]
 ) -> None:
     handler, says = CHAT_CASES[case]
-    chat = ChatEndpoint(f"http://127.0.0.1:{servers.serve(handler)}/v1/chat/completions", "policy")
+    chat = ChatEndpoint(f"http://127.0.0.1:{raw_server_thread.serve(handler)}/v1/chat/completions", "policy")
 
     result = watched(lambda: play(played_row, chat, {}, LIMITS), BOUND_S)
 
@@ -158,7 +156,7 @@ def test_a_chat_endpoint_answering_outside_http_fails_the_episodes_chat_at_once(
 
 
 def test_a_whole_answer_in_one_byte_chunks_is_read_without_stalling_the_loop(
-    servers: ServerThread, sample_env: ServedBundle, played_row: dict[str, Any]
+    raw_server_thread: ServerThread, sample_env: ServedBundle, played_row: dict[str, Any]
 ) -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "find_crate", "arguments": '{"name": "pears"}'}}
     replies = [
@@ -176,7 +174,7 @@ def test_a_whole_answer_in_one_byte_chunks_is_read_without_stalling_the_loop(
             writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + next(chunked))
             await writer.drain()
 
-    chat = ChatEndpoint(f"http://127.0.0.1:{servers.serve(one_byte_chunks)}/v1/chat/completions", "policy")
+    chat = ChatEndpoint(f"http://127.0.0.1:{raw_server_thread.serve(one_byte_chunks)}/v1/chat/completions", "policy")
 
     result = watched(lambda: play(played_row, chat, {}, LIMITS), BOUND_S, memory=False)
 
@@ -185,7 +183,7 @@ def test_a_whole_answer_in_one_byte_chunks_is_read_without_stalling_the_loop(
 
 
 def test_a_chat_request_whose_kept_connection_closes_unanswered_is_not_sent_again(
-    servers: ServerThread, sample_env: ServedBundle, played_row: dict[str, Any]
+    raw_server_thread: ServerThread, sample_env: ServedBundle, played_row: dict[str, Any]
 ) -> None:
     # slime's adapter may have recorded a turn whose answer was lost; sending it again would record it twice.
     received: list[bytes] = []
@@ -198,23 +196,14 @@ def test_a_chat_request_whose_kept_connection_closes_unanswered_is_not_sent_agai
         await writer.drain()
         received.append(await read_request(reader))
 
-    chat = ChatEndpoint(f"http://127.0.0.1:{servers.serve(answers_once_then_hangs_up)}/v1/chat/completions", "p")
+    chat = ChatEndpoint(
+        f"http://127.0.0.1:{raw_server_thread.serve(answers_once_then_hangs_up)}/v1/chat/completions", "p"
+    )
 
     result = watched(lambda: play(played_row, chat, {}, LIMITS), BOUND_S).value
 
     assert kinds(result) == [FlagKind.SESSION_FAILED] and result.model_retries == 0
     assert len(received) == 2
-
-
-@pytest.fixture
-def trusted_certificate(monkeypatch: pytest.MonkeyPatch) -> Iterator[ssl.SSLContext]:
-    """A server TLS context for ``localhost`` whose certificate ``SSL_CERT_FILE`` makes the client trust."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(CERTIFICATE, CERTIFICATE.with_suffix(".key"))
-    monkeypatch.setenv("SSL_CERT_FILE", str(CERTIFICATE))
-    chat_core._net.tls_context.cache_clear()
-    yield context
-    chat_core._net.tls_context.cache_clear()
 
 
 @pytest.mark.parametrize(
@@ -226,8 +215,8 @@ def test_a_chat_endpoint_whose_tls_cant_be_trusted_fails_the_episodes_chat(
     host: str,
     trusted: bool,
     says: str,
-    servers: ServerThread,
-    trusted_certificate: ssl.SSLContext,
+    raw_server_thread: ServerThread,
+    trusted_tls: ssl.SSLContext,
     monkeypatch: pytest.MonkeyPatch,
     sample_env: ServedBundle,
     played_row: dict[str, Any],
@@ -235,7 +224,7 @@ def test_a_chat_endpoint_whose_tls_cant_be_trusted_fails_the_episodes_chat(
     if not trusted:
         monkeypatch.delenv("SSL_CERT_FILE")
         chat_core._net.tls_context.cache_clear()
-    port = servers.serve(answering(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"), tls=trusted_certificate)
+    port = raw_server_thread.serve(answering(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"), tls=trusted_tls)
     chat = ChatEndpoint(f"https://{host}:{port}/v1/chat/completions", "policy")
 
     result = watched(lambda: play(played_row, chat, {}, LIMITS), BOUND_S).value
@@ -298,32 +287,7 @@ def after_list_tools(*frames: bytes, then_forever: bytes | None = None) -> Handl
 
     async def then(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_frame(reader)
-        for each in frames:
-            writer.write(each)
-            await writer.drain()
-        while then_forever is not None:
-            writer.write(then_forever)
-            await writer.drain()
-
-    return env_session(then)
-
-
-def while_the_model_thinks(*frames: bytes, then_forever: bytes | None = None, read: bool = True) -> Handler:
-    """An env session answering ``list_tools`` properly, then, while the model thinks, writing ``frames`` and then
-    ``then_forever`` for as long as it is read (and reading nothing itself unless ``read``)."""
-
-    async def then(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_frame(reader)
-        writer.write(frame(TEXT, TOOLS))
-        for each in frames:
-            writer.write(each)
-            await writer.drain()
-        while then_forever is not None:
-            writer.write(then_forever)
-            await writer.drain()
-        if read:
-            while True:
-                await read_frame(reader)
+        await written(writer, frames, then_forever)
 
     return env_session(then)
 
@@ -345,10 +309,11 @@ ENV_CASES = {
     ),
     "a frame of an opcode outside the protocol": (after_list_tools(frame(0x3, b"{}")), "close code 1002"),
     "messages flooding in while the model thinks": (
-        while_the_model_thinks(then_forever=frame(TEXT, b'{"type": "noise"}' + b" " * 65536)), "isn't an observation"
+        after_list_tools(frame(TEXT, TOOLS), then_forever=frame(TEXT, b'{"type": "noise"}' + b" " * 65536)),
+        "isn't an observation",
     ),
     "pings while the model thinks, their pongs unread": (
-        while_the_model_thinks(then_forever=frame(PING, b"p" * 125), read=False), "read nothing of the session"
+        after_list_tools(frame(TEXT, TOOLS), then_forever=frame(PING, b"p" * 125)), "read nothing of the session"
     ),
     "a reset answered for another task": (
         after_list_tools(),
@@ -359,14 +324,14 @@ ENV_CASES = {
 
 @pytest.mark.parametrize("case", ENV_CASES)
 def test_an_env_session_answering_outside_the_protocol_ends_the_episode_flagged(
-    case: str, servers: ServerThread, scripted_model: ScriptedModel
+    case: str, raw_server_thread: ServerThread, scripted_model: ScriptedModel
 ) -> None:
     handler, says = ENV_CASES[case]
     if case == "a reset answered for another task":
         handler = _reset_answered_for(dict(FAKE_TASK, index=1))
     scripted_model.script([delay(3, text("Hello."))], session="fake")
     chat = ChatEndpoint(scripted_model.base_url + "/chat/completions", "policy", {"Authorization": "Bearer fake"})
-    row = fake_row(f"http://127.0.0.1:{servers.serve(handler)}")
+    row = fake_row(f"http://127.0.0.1:{raw_server_thread.serve(handler)}")
 
     result = watched(lambda: play(row, chat, {}, LIMITS), 40.0)
 
@@ -392,9 +357,9 @@ def _reset_answered_for(task: dict[str, Any]) -> Handler:
     ids=["a host name that resolves nowhere", "an HTTP server that isn't an env server"],
 )
 def test_an_env_server_that_cant_open_a_session_ends_the_episode_flagged(
-    url: str, kind: FlagKind, servers: ServerThread, scripted_model: ScriptedModel
+    url: str, kind: FlagKind, raw_server_thread: ServerThread, scripted_model: ScriptedModel
 ) -> None:
-    port = servers.serve(answering(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"))
+    port = raw_server_thread.serve(answering(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"))
     chat = ChatEndpoint(scripted_model.base_url + "/chat/completions", "policy")
 
     result = watched(lambda: play(fake_row(url.format(port=port)), chat, {}, LIMITS), BOUND_S).value
@@ -404,11 +369,11 @@ def test_an_env_server_that_cant_open_a_session_ends_the_episode_flagged(
 
 
 def test_an_env_server_whose_tls_cant_be_trusted_is_unreachable(
-    servers: ServerThread, trusted_certificate: ssl.SSLContext, monkeypatch: pytest.MonkeyPatch
+    raw_server_thread: ServerThread, trusted_tls: ssl.SSLContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("SSL_CERT_FILE")
     chat_core._net.tls_context.cache_clear()
-    port = servers.serve(env_session(after_list_tools()), tls=trusted_certificate)
+    port = raw_server_thread.serve(env_session(after_list_tools()), tls=trusted_tls)
     chat = ChatEndpoint("http://127.0.0.1:9/v1/chat/completions", "policy")
 
     result = watched(lambda: play(fake_row(f"https://localhost:{port}"), chat, {}, LIMITS), BOUND_S).value
@@ -418,7 +383,7 @@ def test_an_env_server_whose_tls_cant_be_trusted_is_unreachable(
 
 
 def test_an_env_server_that_never_answers_the_reset_ends_the_episode_at_the_call_deadline(
-    servers: ServerThread, scripted_model: ScriptedModel
+    raw_server_thread: ServerThread, scripted_model: ScriptedModel
 ) -> None:
     # The session opens and the reset is read, then nothing: without the deadline on the reset, only the client's
     # keepalive pings (unanswered for PING_INTERVAL_S + PING_TIMEOUT_S, 40 s) would end the wait.
@@ -430,7 +395,7 @@ def test_an_env_server_that_never_answers_the_reset_ends_the_episode_at_the_call
             received.append((await read_frame(reader))[1])
 
     chat = ChatEndpoint(scripted_model.base_url + "/chat/completions", "policy")
-    row = fake_row(f"http://127.0.0.1:{servers.serve(silent)}")
+    row = fake_row(f"http://127.0.0.1:{raw_server_thread.serve(silent)}")
 
     result = watched(lambda: play(row, chat, {}, Limits(env_call_deadline_s=1)), 10.0).value
 
@@ -529,9 +494,9 @@ TASK_API_CASES = {
 
 @pytest.mark.parametrize("case", TASK_API_CASES)
 def test_a_task_api_answering_outside_http_stops_prepare_with_nothing_written(
-    case: str, servers: ServerThread, tmp_path: Path
+    case: str, raw_server_thread: ServerThread, tmp_path: Path
 ) -> None:
-    url = f"http://127.0.0.1:{servers.serve(TASK_API_CASES[case])}"
+    url = f"http://127.0.0.1:{raw_server_thread.serve(TASK_API_CASES[case])}"
 
     async def prepared() -> OpenEnvError:
         with pytest.raises(OpenEnvError) as refused:
@@ -546,9 +511,9 @@ def test_a_task_api_answering_outside_http_stops_prepare_with_nothing_written(
 
 
 def test_prepares_command_refuses_a_task_api_answering_outside_http_in_one_line(
-    servers: ServerThread, tmp_path: Path
+    raw_server_thread: ServerThread, tmp_path: Path
 ) -> None:
-    url = f"http://127.0.0.1:{servers.serve(TASK_API_CASES['a gzip bomb'])}"
+    url = f"http://127.0.0.1:{raw_server_thread.serve(TASK_API_CASES['a gzip bomb'])}"
 
     done = subprocess.run(
         [sys.executable, "-m", "chat_core.prepare", url, str(tmp_path / "rows")],
@@ -564,7 +529,7 @@ def test_prepares_command_refuses_a_task_api_answering_outside_http_in_one_line(
 
 
 def test_an_env_session_answering_a_probe_outside_the_protocol_stops_prepare_with_nothing_written(
-    servers: ServerThread, tmp_path: Path
+    raw_server_thread: ServerThread, tmp_path: Path
 ) -> None:
     task = {"id": "fake", "name": "fake", "index": 0, "prompt": "Hi.", "system_prompt": None, "agent": "agent"}
     routes = {
@@ -572,7 +537,8 @@ def test_an_env_session_answering_a_probe_outside_the_protocol_stops_prepare_wit
         b"GET /fake/splits": [{"name": "all", "type": "validation"}],
         b"POST /fake/tasks": {"tasks": [task], "env_name": "fake"},
     }
-    url = f"http://127.0.0.1:{servers.serve(_openenv(routes, after_list_tools(frame(TEXT, b'', length=2**40))))}"
+    port = raw_server_thread.serve(_openenv(routes, after_list_tools(frame(TEXT, b"", length=2**40))))
+    url = f"http://127.0.0.1:{port}"
 
     async def prepared() -> OpenEnvError:
         with pytest.raises(OpenEnvError) as refused:

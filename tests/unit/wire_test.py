@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import chat_core._net
 import pytest
@@ -18,15 +17,9 @@ from test_support.proxy import Proxy, started_proxy
 from test_support.raw_servers import TEXT, ServerThread, accept_websocket, frame, read_frame
 from test_support.waits import free_port
 
-CERTIFICATE = Path(__file__).with_name("tls") / "localhost.pem"
+pytest_plugins = ["test_support.pytest_plugin"]
 COMPLETION = b'{"choices": [{"message": {"role": "assistant", "content": "hi"}}]}'
 LIMIT = 1 << 20
-
-
-@pytest.fixture
-def servers() -> Iterator[ServerThread]:
-    with ServerThread() as thread:
-        yield thread
 
 
 class Endpoint:
@@ -61,31 +54,19 @@ def posted(url: str, times: int = 2) -> list[bytes]:
     return asyncio.run(run())
 
 
-def test_requests_to_an_endpoint_share_one_kept_connection(servers: ServerThread) -> None:
+def test_requests_to_an_endpoint_share_one_kept_connection(raw_server_thread: ServerThread) -> None:
     endpoint = Endpoint()
-    port = servers.serve(endpoint)
+    port = raw_server_thread.serve(endpoint)
 
     assert posted(f"http://127.0.0.1:{port}/v1/chat/completions") == [COMPLETION] * 2
     assert endpoint.connections == 1
 
 
-@pytest.fixture
-def tls_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ssl.SSLContext]:
-    """The TLS context of an endpoint for ``localhost`` the client trusts: ``SSL_CERT_FILE`` names its certificate,
-    a self-signed one kept beside this file (``openssl req -x509 -days 36500``)."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(CERTIFICATE, CERTIFICATE.with_suffix(".key"))
-    monkeypatch.setenv("SSL_CERT_FILE", str(CERTIFICATE))
-    chat_core._net.tls_context.cache_clear()
-    yield context
-    chat_core._net.tls_context.cache_clear()
-
-
 def test_an_https_endpoint_the_system_trusts_is_spoken_to_over_tls(
-    servers: ServerThread, tls_server: ssl.SSLContext
+    raw_server_thread: ServerThread, trusted_tls: ssl.SSLContext
 ) -> None:
     endpoint = Endpoint()
-    port = servers.serve(endpoint, tls=tls_server)
+    port = raw_server_thread.serve(endpoint, tls=trusted_tls)
 
     assert posted(f"https://localhost:{port}/v1/chat/completions") == [COMPLETION] * 2
     assert endpoint.connections == 1
@@ -100,15 +81,15 @@ def test_an_https_endpoint_whose_certificate_doesnt_hold_is_refused(
     host: str,
     trusted: bool,
     says: str,
-    servers: ServerThread,
-    tls_server: ssl.SSLContext,
+    raw_server_thread: ServerThread,
+    trusted_tls: ssl.SSLContext,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     if not trusted:
         monkeypatch.delenv("SSL_CERT_FILE")
         chat_core._net.tls_context.cache_clear()
     endpoint = Endpoint()
-    port = servers.serve(endpoint, tls=tls_server)
+    port = raw_server_thread.serve(endpoint, tls=trusted_tls)
 
     with pytest.raises(HttpError, match=says) as raised:
         posted(f"https://{host}:{port}/v1/chat/completions", times=1)
@@ -157,12 +138,12 @@ def proxied(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[int], None]]:
 
 @pytest.mark.parametrize("tls", [False, True], ids=["http", "https-tunnel"])
 def test_with_the_proxy_opted_in_requests_go_through_it_with_its_credentials(
-    servers: ServerThread, proxied: Callable[[int], None], tls_server: ssl.SSLContext, tls: bool
+    raw_server_thread: ServerThread, proxied: Callable[[int], None], trusted_tls: ssl.SSLContext, tls: bool
 ) -> None:
-    proxy = servers.run(started_proxy(free_port()))
+    proxy = raw_server_thread.run(started_proxy(free_port()))
     proxied(proxy.port)
     endpoint = Endpoint()
-    port = servers.serve(endpoint, tls=tls_server if tls else None)
+    port = raw_server_thread.serve(endpoint, tls=trusted_tls if tls else None)
     url = f"{'https' if tls else 'http'}://localhost:{port}/v1/chat/completions"
 
     assert posted(url) == [COMPLETION] * 2
@@ -171,13 +152,13 @@ def test_with_the_proxy_opted_in_requests_go_through_it_with_its_credentials(
     assert first_line == (f"CONNECT localhost:{port} HTTP/1.1" if tls else f"POST {url} HTTP/1.1")
     assert "Proxy-Authorization: Basic YWdlbnQ6cEBzcw==" in proxy.asked[0].split("\r\n")
     assert endpoint.connections == 1
-    servers.run(proxy.close())
+    raw_server_thread.run(proxy.close())
 
 
 def test_without_opting_in_or_for_a_host_no_proxy_names_requests_go_direct(
-    servers: ServerThread, proxied: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+    raw_server_thread: ServerThread, proxied: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    proxy = servers.run(started_proxy(free_port()))
+    proxy = raw_server_thread.run(started_proxy(free_port()))
     for opt_in in (False, True):
         proxied(proxy.port)
         if opt_in:
@@ -187,11 +168,11 @@ def test_without_opting_in_or_for_a_host_no_proxy_names_requests_go_direct(
             monkeypatch.delenv(chat_core._net.PROXY_FROM_ENV)
             chat_core._net.proxy_from_env.cache_clear()
         endpoint = Endpoint()
-        port = servers.serve(endpoint)
+        port = raw_server_thread.serve(endpoint)
 
         assert posted(f"http://localhost:{port}/v1", times=1) == [COMPLETION]
         assert proxy.asked == [] and endpoint.connections == 1
-    servers.run(proxy.close())
+    raw_server_thread.run(proxy.close())
 
 
 def test_a_proxy_that_isnt_an_http_url_is_refused_up_front(
@@ -206,7 +187,7 @@ def test_a_proxy_that_isnt_an_http_url_is_refused_up_front(
 
 
 def test_with_the_proxy_opted_in_an_env_session_is_tunnelled_through_it(
-    servers: ServerThread, proxied: Callable[[int], None]
+    raw_server_thread: ServerThread, proxied: Callable[[int], None]
 ) -> None:
     async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await accept_websocket(reader, writer)
@@ -215,9 +196,9 @@ def test_with_the_proxy_opted_in_an_env_session_is_tunnelled_through_it(
         await writer.drain()
         await reader.read()
 
-    proxy: Proxy = servers.run(started_proxy(free_port()))
+    proxy: Proxy = raw_server_thread.run(started_proxy(free_port()))
     proxied(proxy.port)
-    port = servers.serve(echo)
+    port = raw_server_thread.serve(echo)
 
     async def exchanged() -> str:
         session = await open_session(f"ws://localhost:{port}/ws", max_message_bytes=LIMIT)
@@ -230,4 +211,4 @@ def test_with_the_proxy_opted_in_an_env_session_is_tunnelled_through_it(
     assert asyncio.run(exchanged()) == '{"type": "state"}'
     assert proxy.asked[0].split("\r\n")[0] == f"CONNECT localhost:{port} HTTP/1.1"
     assert "Proxy-Authorization: Basic YWdlbnQ6cEBzcw==" in proxy.asked[0].split("\r\n")
-    servers.run(proxy.close())
+    raw_server_thread.run(proxy.close())
