@@ -89,11 +89,16 @@ def played_batch(args, tasks=TASKS) -> list:
 
     played = on_slime_loop(all_groups())
     dynamic_filter = load_function(args.dynamic_sampling_filter_path)
-    data = [group for group in played if call_dynamic_filter(dynamic_filter, args, group).keep]
-    validate_rollout_id_annotated(data)
-    while isinstance(data[0], list):
-        data = list(itertools.chain.from_iterable(data))
-    return data
+    return flattened([group for group in played if call_dynamic_filter(dynamic_filter, args, group).keep])
+
+
+def flattened(groups: list) -> list:
+    """A rollout's groups as the flat batch slime trains on, checked and flattened as
+    ``RolloutManager._get_rollout_data`` does."""
+    validate_rollout_id_annotated(groups)
+    while isinstance(groups[0], list):
+        groups = list(itertools.chain.from_iterable(groups))
+    return groups
 
 
 def rollout_manager(args: Namespace, *, post_process: bool = True) -> Any:
