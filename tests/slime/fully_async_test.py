@@ -11,14 +11,22 @@ from __future__ import annotations
 
 import copy
 import json
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from chat_core import EpisodeOutcome
 from launch import EVAL_SPLIT
-from rollout import MISSES, SAMPLE_PER_TURN, flattened, group_of, rollout, rollout_manager, split_response
+from rollout import (
+    MISSES,
+    SAMPLE_PER_TURN,
+    by_session,
+    flattened,
+    group_of,
+    rollout,
+    rollout_manager,
+    split_response,
+)
 from slime.rollout import fully_async_rollout
 from slime.rollout.data_source import RolloutDataSourceWithBuffer
 from slime.rollout.filter_hub.base_types import call_dynamic_filter
@@ -27,7 +35,6 @@ from slime.utils.misc import load_function
 from slime.utils.types import Sample
 from slime_helper import AppendOnlyChatNeeded, UnfilteredFullyAsync, generate_rollout_fully_async
 from test_support import REWARDS, SCRIPTS, error, text, tool_call
-from test_support.script import Step
 
 FULLY_ASYNC = (
     "--rollout-function-path", "slime_helper.generate_rollout_fully_async",
@@ -55,31 +62,26 @@ class WatchedDataSource(RolloutDataSourceWithBuffer):
 
 
 @pytest.fixture
-def worker_stopped() -> Iterator[None]:
-    """slime's fully-async worker is one per process and outlives a rollout call: each test stops it, once the
-    episodes it still has in flight have ended, so that the next one starts afresh.
+def fully_async(launch, sglang) -> Iterator[Callable[..., tuple]]:
+    """A fully-async launch with the extra flags given, and slime's data source for it.
 
-    slime's ``GenerateState`` is one per process too, keeping the arguments it was first made with; it is made here
-    from the tier's usual launch when no test made it yet, so that its semaphore (512 requests) never fills with the
-    worker's few groups and stays free of the worker's event loop for the tests that follow."""
-    yield
+    slime's fully-async worker is one per process and outlives a rollout call: the test's end stops it, once the
+    episodes it still has in flight have ended, so that the next test starts one afresh. slime's ``GenerateState``
+    is one per process too, keeping the arguments it was first made with: made first from the tier's usual launch,
+    its semaphore (512 episodes) never fills with the worker's few groups, so it never binds to the worker's event
+    loop, which the tests after this one would find closed."""
+    GenerateState(launch())
+
+    def launched(*extra: str, config: str = "", thinking: bool = True) -> tuple:
+        args = launch(extra=(*FULLY_ASYNC, *extra), config=config, thinking=thinking)
+        return args, WatchedDataSource(args)
+
+    yield launched
     worker = fully_async_rollout._global_worker
     fully_async_rollout._stop_global_worker()
     if worker is not None and worker.worker_thread is not None:
         worker.worker_thread.join(timeout=60)
         assert not worker.worker_thread.is_alive(), "slime's fully-async worker didn't stop"
-
-
-@pytest.fixture
-def fully_async(launch, sglang, worker_stopped):
-    """A fully-async launch and slime's data source for it, given its extra flags."""
-    GenerateState(launch())
-
-    def launched(*extra: str, config: str = "", thinking: bool = True):
-        args = launch(extra=(*FULLY_ASYNC, *extra), config=config, thinking=thinking)
-        return args, WatchedDataSource(args)
-
-    return launched
 
 
 def task_of(sample: Sample) -> str:
@@ -97,19 +99,6 @@ def rows_file(rows: Path, tasks: tuple[str, ...], path: Path) -> Path:
     by_task = {json.loads(line)["metadata"]["episode"]["task_name"]: line for line in (rows / "all.jsonl").open()}
     path.write_text("".join(by_task[task] for task in tasks))
     return path
-
-
-def by_session(served, script: Callable[[str, int], Sequence[Step]]):
-    """A ``script_of`` giving the n-th session of each task (counted from 1) ``script(task, n)``."""
-    prompts = {task["prompt"]: task["name"] for task in served.tasks()}
-    sessions: Counter[str] = Counter()
-
-    def script_of(prompt: str) -> Sequence[Step]:
-        [name] = [name for text_, name in prompts.items() if text_ in prompt]
-        sessions[name] += 1
-        return script(name, sessions[name])
-
-    return script_of
 
 
 TRAINED_AND_LEFT_OUT = ("reply_only", "fails_after_the_turn", "played", "two_turns")

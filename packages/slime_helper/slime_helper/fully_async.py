@@ -31,8 +31,8 @@ FULLY_ASYNC_ROLLOUT = "slime_helper.generate_rollout_fully_async"
 
 def generate_rollout_fully_async(args: Namespace, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
     """slime's ``--rollout-function-path``: ``--rollout-batch-size`` groups from slime's fully-async worker that the
-    launch's dynamic filter keeps, in the order of their samples' index, with the filter's drop counts as the
-    rollout's metrics; with ``evaluation``, slime's standard eval rollout.
+    launch's dynamic filter keeps, with the filter's drop counts as the rollout's metrics; with ``evaluation``,
+    slime's standard eval rollout.
 
     Raises, before any episode plays, what the adapter raises for the launch (MissingToolParser, chat_core's
     MissingFilter, MissingEpisodeNormalization, UnsupportedSlime) and AppendOnlyChatNeeded when the adapter doesn't
@@ -60,7 +60,6 @@ def generate_rollout_fully_async(args: Namespace, rollout_id: int, data_source: 
                 kept.append(group)
             else:
                 drops.on_dynamic_filter_drop(reason=output.reason)
-    kept.sort(key=lambda group: group[0].index)
     return api.RolloutFnTrainOutput(samples=kept, metrics=drops.collect())
 
 
