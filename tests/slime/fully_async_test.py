@@ -33,7 +33,12 @@ from slime.rollout.filter_hub.base_types import call_dynamic_filter
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
-from slime_helper import AppendOnlyChatNeeded, UnfilteredFullyAsync, generate_rollout_fully_async
+from slime_helper import (
+    AppendOnlyChatNeeded,
+    FullyAsyncEvaluation,
+    UnfilteredFullyAsync,
+    generate_rollout_fully_async,
+)
 from test_support import REWARDS, SCRIPTS, error, text, tool_call
 
 FULLY_ASYNC = (
@@ -67,10 +72,12 @@ def fully_async(launch, sglang) -> Iterator[Callable[..., tuple]]:
 
     slime's fully-async worker is one per process and outlives a rollout call: the test's end stops it, once the
     episodes it still has in flight have ended, so that the next test starts one afresh. slime's ``GenerateState``
-    is one per process too, keeping the arguments it was first made with: made first from the tier's usual launch,
-    its semaphore (512 episodes) never fills with the worker's few groups, so it never binds to the worker's event
-    loop, which the tests after this one would find closed."""
-    GenerateState(launch())
+    is one per process too, keeping the arguments it was first made with: the test sets aside the one the tier's
+    other tests made, so that the worker makes its own, as in a training run (its semaphore as large as the groups
+    the worker keeps in flight, each of several episodes, so it fills and binds to the worker's event loop), and puts
+    it back at the end."""
+    instances = type(GenerateState)._instances
+    before = instances.pop(GenerateState, None)
 
     def launched(*extra: str, config: str = "", thinking: bool = True) -> tuple:
         args = launch(extra=(*FULLY_ASYNC, *extra), config=config, thinking=thinking)
@@ -82,6 +89,9 @@ def fully_async(launch, sglang) -> Iterator[Callable[..., tuple]]:
     if worker is not None and worker.worker_thread is not None:
         worker.worker_thread.join(timeout=60)
         assert not worker.worker_thread.is_alive(), "slime's fully-async worker didn't stop"
+    instances.pop(GenerateState, None)
+    if before is not None:
+        instances[GenerateState] = before
 
 
 def task_of(sample: Sample) -> str:
@@ -188,15 +198,37 @@ def test_an_episode_whose_reply_sglang_aborted_is_handed_back_flagged_and_played
     assert sorted(reply for reply in answered if reply in cut.values()) == sorted(cut.values())
 
 
-def test_a_launch_that_cant_give_one_sample_an_episode_is_refused_before_anything_plays(
-    fully_async, sglang, env_server
+@pytest.mark.parametrize(
+    ("extra", "config", "refusal", "says"),
+    [
+        ((), SAMPLE_PER_TURN, AppendOnlyChatNeeded, r"episode_append_only_chat is false.*slime's standard rollout"),
+        (
+            ("--eval-function-path", "slime.rollout.sglang_rollout.generate_rollout"),
+            "",
+            FullyAsyncEvaluation,
+            r"GenerateState semaphore.*leave --eval-function-path out",
+        ),
+    ],
+    ids=["several-samples-an-episode", "eval-off-the-workers-loop"],
+)
+def test_a_launch_the_fully_async_rollout_cant_train_right_is_refused_before_anything_plays(
+    fully_async, sglang, env_server, extra, config, refusal, says
 ):
-    args, data_source = fully_async(config=SAMPLE_PER_TURN, thinking=False)
+    args, data_source = fully_async(*extra, config=config, thinking=False)
 
-    with pytest.raises(AppendOnlyChatNeeded, match=r"episode_append_only_chat is false.*slime's standard rollout"):
+    with pytest.raises(refusal, match=says):
         generate_rollout_fully_async(args, 0, data_source)
 
     assert fully_async_rollout._global_worker is None
+    assert sglang.requests == [] and env_server.open_episodes() == 0
+
+
+def test_an_evaluation_before_the_worker_played_is_refused(fully_async, sglang, env_server):
+    args, data_source = fully_async()
+
+    with pytest.raises(FullyAsyncEvaluation, match=r"before slime's fully-async worker played any episode"):
+        generate_rollout_fully_async(args, 0, data_source, evaluation=True)
+
     assert sglang.requests == [] and env_server.open_episodes() == 0
 
 

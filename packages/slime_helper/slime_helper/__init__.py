@@ -19,6 +19,7 @@ from chat_core import MissingFilter
 from slime_helper.adapter import AdapterService, TemplateKwargsTokenizer
 from slime_helper.errors import (
     AppendOnlyChatNeeded,
+    FullyAsyncEvaluation,
     MissingEpisodeNormalization,
     MissingToolParser,
     SlimeSetupError,
@@ -35,6 +36,7 @@ __all__ = [
     "AdapterService",
     "AppendOnlyChatNeeded",
     "EpisodeRewardMismatch",
+    "FullyAsyncEvaluation",
     "MissingEpisodeNormalization",
     "MissingFilter",
     "MissingToolParser",

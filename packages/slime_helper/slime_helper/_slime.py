@@ -42,6 +42,7 @@ class Slime:
     log: Callable[..., Any]
     compute_rollout_step: Callable[..., Any]
     generate_rollout: Callable[..., Any]
+    eval_rollout: Callable[..., Any]
     generate_rollout_fully_async: Callable[..., Any]
     call_dynamic_filter: Callable[..., Any]
     MetricGatherer: type
@@ -63,6 +64,7 @@ def slime() -> Slime:
     log = _find("slime.observability.logging_utils", "log", missing)
     rollout_step = _find("slime.observability.metric_utils", "compute_rollout_step", missing)
     rollout = _find("slime.rollout.sglang_rollout", "generate_rollout", missing)
+    evaluation = _find("slime.rollout.sglang_rollout", "eval_rollout", missing)
     fully_async = _find("slime.rollout.fully_async_rollout", "generate_rollout_fully_async", missing)
     call_filter = _find("slime.rollout.filter_hub.base_types", "call_dynamic_filter", missing)
     gatherer = _find("slime.rollout.filter_hub.base_types", "MetricGatherer", missing)
@@ -97,6 +99,8 @@ def slime() -> Slime:
     ):
         if function is not None:
             missing += _lacking(where, function, ("args", "rollout_id", "evaluation"))
+    if evaluation is not None:
+        missing += _lacking("slime.rollout.sglang_rollout.eval_rollout", evaluation, ("args", "rollout_id"))
     if gatherer is not None:
         missing += _lacking(
             "slime.rollout.filter_hub.base_types.MetricGatherer.on_dynamic_filter_drop",
@@ -140,6 +144,7 @@ def slime() -> Slime:
         log,
         rollout_step,
         rollout,
+        evaluation,
         fully_async,
         call_filter,
         gatherer,

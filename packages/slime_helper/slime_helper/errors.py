@@ -27,3 +27,8 @@ class UnfilteredFullyAsync(SlimeSetupError):
 class AppendOnlyChatNeeded(SlimeSetupError):
     """slime's fully-async rollout takes one sample per episode, and the adapter doesn't render the chat append-only,
     so an episode may come back as several."""
+
+
+class FullyAsyncEvaluation(SlimeSetupError):
+    """slime's eval rollout can't run here beside its fully-async worker: both take slime's ``GenerateState``
+    semaphore, which works on one event loop, so the eval must run on the loop the worker plays its episodes on."""

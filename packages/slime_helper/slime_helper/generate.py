@@ -31,7 +31,7 @@ from chat_core import OUTCOME_KEY, EpisodeOutcome, EpisodeResult, Flag, FlagKind
 
 from slime_helper._slime import slime
 from slime_helper.adapter import AdapterService, DroppedToolCalls
-from slime_helper.fully_async import takes_one_sample_per_episode
+from slime_helper.fully_async import note_worker_loop, takes_one_sample_per_episode
 from slime_helper.observability import SampleTrace
 
 logger = logging.getLogger(__name__)
@@ -79,6 +79,8 @@ async def generate(
     the session, closes the episode without running its verifiers and re-raises."""
     api = slime()
     one_per_episode = takes_one_sample_per_episode(args)
+    if one_per_episode and not evaluation:
+        note_worker_loop()
     service = AdapterService.of(args)
     sid = f"slime-helper-{uuid.uuid4().hex}"
     service.open_session(sid, {key: value for key, value in sampling_params.items() if value is not None})
