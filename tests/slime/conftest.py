@@ -1,6 +1,7 @@
 """The slime tier: this project's generate function and filter driven by slime's own code (``parse_args``,
-``Dataset``, ``generate_and_rm_group``, the eval rollout, ``call_dynamic_filter``) and slime's real ``OpenAIAdapter``
-with Qwen3's tokenizer, against agent-env's real env server and a stand-in for SGLang's ``/generate``.
+``Dataset``, ``generate_and_rm_group``, the eval rollout, ``call_dynamic_filter``, the fully-async worker) and slime's
+real ``OpenAIAdapter`` with Qwen3's tokenizer, against agent-env's real env server and a stand-in for SGLang's
+``/generate``.
 
 It runs inside the slime environment, with the packages on the path:
 

@@ -10,7 +10,7 @@ import itertools
 import json
 from argparse import Namespace
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from slime.rollout.sglang_rollout import GenerateState, generate_and_rm_group
 from slime.utils.async_utils import run
 from slime.utils.misc import load_function
 from test_support import REWARDS, SCRIPTS, text
+from test_support.script import Step
 
 SAMPLE_PER_TURN = "episode_append_only_chat: false\n"
 """The ``--custom-config-path`` YAML that turns the append-only rendering off: with thinking off, Qwen3's own
@@ -66,13 +67,18 @@ scoring 0, two groups whose episodes all score the same, and one the filter drop
 def first_hits_then_misses(served):
     """A ``script_of`` giving each task's first session its test_support script and the next one its MISSES
     script, where it has one."""
+    return by_session(served, lambda task, n: MISSES[task] if n == 2 and task in MISSES else SCRIPTS[task])
+
+
+def by_session(served, script: Callable[[str, int], Sequence[Step]]) -> Callable[[str], Sequence[Step]]:
+    """A ``script_of`` giving the n-th session of each task, counted from 1, ``script(task, n)``."""
     prompts = {task["prompt"]: task["name"] for task in served.tasks()}
     sessions: Counter[str] = Counter()
 
-    def script_of(prompt: str):
+    def script_of(prompt: str) -> Sequence[Step]:
         [name] = [name for text_, name in prompts.items() if text_ in prompt]
         sessions[name] += 1
-        return MISSES[name] if sessions[name] == 2 and name in MISSES else SCRIPTS[name]
+        return script(name, sessions[name])
 
     return script_of
 
@@ -89,11 +95,16 @@ def played_batch(args, tasks=TASKS) -> list:
 
     played = on_slime_loop(all_groups())
     dynamic_filter = load_function(args.dynamic_sampling_filter_path)
-    data = [group for group in played if call_dynamic_filter(dynamic_filter, args, group).keep]
-    validate_rollout_id_annotated(data)
-    while isinstance(data[0], list):
-        data = list(itertools.chain.from_iterable(data))
-    return data
+    return flattened([group for group in played if call_dynamic_filter(dynamic_filter, args, group).keep])
+
+
+def flattened(groups: list) -> list:
+    """A rollout's groups as the flat batch slime trains on, checked and flattened as
+    ``RolloutManager._get_rollout_data`` does."""
+    validate_rollout_id_annotated(groups)
+    while isinstance(groups[0], list):
+        groups = list(itertools.chain.from_iterable(groups))
+    return groups
 
 
 def rollout_manager(args: Namespace, *, post_process: bool = True) -> Any:

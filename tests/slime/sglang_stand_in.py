@@ -7,9 +7,10 @@ names its script, and the assistant turns the prompt already holds say which ste
 alike get the same replies whatever order their requests come in. A reply is test_support's Qwen3 rendering of it,
 tokenized and closed with ``<|im_end|>`` as a model stops, and answered in SGLang's shape: ``text`` and ``meta_info``
 with ``output_token_logprobs`` (``[logprob, token_id, None]`` per token) and ``finish_reason``. ``max_new_tokens``
-cuts a reply short with finish reason ``length``. ``delay`` steps wait, ``error`` steps answer their status, and
-``POST /abort_request`` records the request ids it is asked to abort. ``generated`` keeps each reply it answered
-with, beside the prompt it answered.
+cuts a reply short with finish reason ``length``; a reply scripted to finish with ``abort`` comes without
+``<|im_end|>`` and with finish reason ``abort``, as SGLang answers a generation it aborted. ``delay`` steps wait,
+``error`` steps answer their status, and ``POST /abort_request`` records the request ids it is asked to abort.
+``generated`` keeps each reply it answered with, beside the prompt it answered.
 """
 
 from __future__ import annotations
@@ -130,6 +131,9 @@ class StandInSGLang(LoopbackServer):
     def _answered(self, reply: Reply, body: dict[str, Any], routing_key: str) -> dict[str, Any]:
         logprobs = output_token_logprobs(self._tokenizer, reply)
         finish: dict[str, Any] = {"type": "stop", "matched": logprobs[-1][1]}
+        if reply.finish_reason == "abort":
+            logprobs = logprobs[:-1]
+            finish = {"type": "abort", "message": "Abort in waiting queue"}
         limit = (body.get("sampling_params") or {}).get("max_new_tokens")
         if limit is not None and len(logprobs) > limit:
             logprobs = logprobs[:limit]

@@ -21,6 +21,7 @@ FUNCTIONS = {
     "slime_helper.keep_scored_nonzero_std_groups": "slime_helper.filters.keep_scored_nonzero_std_groups",
     "slime_helper.rewards.normalize_per_episode": "slime_helper.rewards.normalize_per_episode",
     "slime_helper.log_rollout": "slime_helper.observability.log_rollout",
+    "slime_helper.generate_rollout_fully_async": "slime_helper.fully_async.generate_rollout_fully_async",
 }
 GPUS = 4
 

@@ -572,7 +572,6 @@ def test_an_env_call_past_its_deadline_is_flagged_and_its_session_closed(
     (broken(), "isn't JSON"),
     (broken('{"choices": []}'), "without a choice"),
     (broken(TOO_DEEP), "nested too deeply"),
-    (text("The crate of pe", finish_reason="abort"), "aborted the reply"),
     (_as_sent({"role": "assistant", "tool_calls": [{"id": "call_1", "function": {}}]}), "aren't OpenAI tool calls"),
     (_as_sent({"role": "assistant", "content": {"text": "A pear."}}), "neither text nor text parts"),
 ])  # fmt: skip
@@ -584,6 +583,19 @@ def test_a_failed_chat_session_is_flagged(
     assert result.reward is None and not result.scored
     assert _kinds(result) == [FlagKind.SESSION_FAILED]
     assert says in result.flags[0].message
+
+
+def test_a_reply_the_server_aborted_ends_the_episode_with_a_flag_of_its_own(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    steps = [text("The crate of pe", finish_reason="abort"), text("The crate of pears is on shelf 9C.")]
+
+    result = _play(sample_env, rows["played"], scripted_model, steps)
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.REPLY_ABORTED]
+    assert "aborted the reply (finish_reason 'abort'), cut at 'The crate of pe'" in result.flags[0].message
+    assert len(scripted_model.requests) == 1
 
 
 @pytest.mark.parametrize("status", [429, 502, 503, 504])

@@ -87,9 +87,14 @@ class UnreadableReply(Exception):
     """The chat endpoint's answer can't be read as a chat completion; the message says what is wrong with it."""
 
 
+class AbortedReply(Exception):
+    """The chat endpoint's server aborted the reply while generating it (finish reason ``abort``), so what came back
+    is cut wherever the abort found it."""
+
+
 def reply_of(raw: bytes, seen: int) -> Reply:
-    """The reply in a chat completion; raises UnreadableReply saying what is wrong with it. Tool calls without an id get
-    one, unique in the episode, so each can be answered."""
+    """The reply in a chat completion; raises UnreadableReply saying what is wrong with it, and AbortedReply when the
+    server aborted it. Tool calls without an id get one, unique in the episode, so each can be answered."""
     try:
         completion = parse_json(raw)
     except ValueError as e:
@@ -102,7 +107,9 @@ def reply_of(raw: bytes, seen: int) -> Reply:
     if not isinstance(message, dict):
         raise UnreadableReply(f"answered without a choice holding a message: {excerpt(wire_text(raw), _TEXT_LIMIT)}")
     if choice.get("finish_reason") == "abort":
-        raise UnreadableReply("aborted the reply (finish_reason 'abort')")
+        raise AbortedReply(
+            f"aborted the reply (finish_reason 'abort'), cut at {excerpt(message.get('content') or '', _TEXT_LIMIT)}"
+        )
     text = _text_of(message.get("content"))
     calls = message.get("tool_calls") or []
     if not isinstance(calls, list) or not all(

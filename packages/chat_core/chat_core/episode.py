@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from chat_core._http import HttpError
 from chat_core._wire import described, encoded, excerpt, wire_text
-from chat_core.chat import ChatEndpoint, Reply, UnreadableReply, arguments_of, post, reply_of
+from chat_core.chat import AbortedReply, ChatEndpoint, Reply, UnreadableReply, arguments_of, post, reply_of
 from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
 from chat_core.limits import Limits
 from chat_core.openenv_client import CapacityWait, EpisodeSession
@@ -345,6 +345,9 @@ class _Game:
             return None
         try:
             return reply_of(answer.body, len(self.result.transcript))
+        except AbortedReply as e:
+            self.fail(FlagKind.REPLY_ABORTED, f"the chat endpoint {self._chat.url} {e}; the episode ended there")
+            return None
         except UnreadableReply as e:
             self.fail(FlagKind.SESSION_FAILED, f"the chat endpoint {self._chat.url} {e}")
             return None

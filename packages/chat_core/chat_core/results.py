@@ -26,8 +26,11 @@ class FlagKind(StrEnum):
 
     - ``env_failed``: the env's run failed (at reset, in a turn or in a verifier); the message is the server's.
     - ``session_failed``: the chat endpoint failed: an HTTP error, no connection, an answer longer than
-      ``Limits.max_chat_answer_bytes``, an aborted or unreadable reply (429, 502, 503, 504 and refused connections
-      only once retrying them would pass the model deadline).
+      ``Limits.max_chat_answer_bytes``, an unreadable reply (429, 502, 503, 504 and refused connections only once
+      retrying them would pass the model deadline).
+    - ``reply_aborted``: the model's server aborted a reply while generating it (finish reason ``abort``, as SGLang
+      answers when the trainer pauses or aborts its engines, e.g. to update weights); the episode ends there rather
+      than play on from a cut reply.
     - ``no_reward``: the env ended the episode without a reward.
     - ``model_deadline``: the model took longer than ``Limits.model_deadline_s`` in all.
     - ``turn_limit``: the env opened more turns than ``Limits.max_turns``.
@@ -39,7 +42,9 @@ class FlagKind(StrEnum):
       in one message, stopped answering the session's pings, or dropped the session.
     - ``task_mismatch``: the server serves another task at the row's place; the rows are stale.
     - ``rollout_aborted``: the trainer aborted the rollout while the episode was playing (a helper's flag; ``play``
-      itself is cancelled then)."""
+      itself is cancelled then).
+    - ``episode_split``: the trainer's chat endpoint recorded the episode as several samples where the trainer's
+      rollout takes one sample per episode (a helper's flag: slime's fully-async rollout)."""
 
     BAD_TOOL_ARGUMENTS = "bad_tool_arguments"
     TOOL_CALL_LIMIT = "tool_call_limit"
@@ -47,6 +52,7 @@ class FlagKind(StrEnum):
     TOOL_CALLS_DROPPED = "tool_calls_dropped"
     ENV_FAILED = "env_failed"
     SESSION_FAILED = "session_failed"
+    REPLY_ABORTED = "reply_aborted"
     NO_REWARD = "no_reward"
     MODEL_DEADLINE = "model_deadline"
     TURN_LIMIT = "turn_limit"
@@ -56,6 +62,7 @@ class FlagKind(StrEnum):
     PROTOCOL_ERROR = "protocol_error"
     TASK_MISMATCH = "task_mismatch"
     ROLLOUT_ABORTED = "rollout_aborted"
+    EPISODE_SPLIT = "episode_split"
 
 
 FATAL = frozenset(FlagKind) - {

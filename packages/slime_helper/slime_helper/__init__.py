@@ -10,28 +10,42 @@ slime_helper.keep_scored_nonzero_std_groups`` (or ``slime_helper.keep_scored_gro
 ``--custom-reward-post-process-path slime_helper.rewards.normalize_per_episode``,
 ``--custom-rollout-log-function-path slime_helper.log_rollout``, ``--custom-eval-rollout-log-function-path
 slime_helper.log_eval_rollout``, ``--input-key messages --metadata-key metadata`` and ``--sglang-tool-call-parser
-qwen25`` (the parser that fits the model).
+qwen25`` (the parser that fits the model); with slime's fully-async rollout (``train_async.py``), also
+``--rollout-function-path slime_helper.generate_rollout_fully_async``.
 """
 
 from chat_core import MissingFilter
 
 from slime_helper.adapter import AdapterService, TemplateKwargsTokenizer
-from slime_helper.errors import MissingEpisodeNormalization, MissingToolParser, SlimeSetupError, UnsupportedSlime
+from slime_helper.errors import (
+    AppendOnlyChatNeeded,
+    FullyAsyncEvaluation,
+    MissingEpisodeNormalization,
+    MissingToolParser,
+    SlimeSetupError,
+    UnfilteredFullyAsync,
+    UnsupportedSlime,
+)
 from slime_helper.filters import keep_scored_groups, keep_scored_nonzero_std_groups
+from slime_helper.fully_async import generate_rollout_fully_async
 from slime_helper.generate import generate
 from slime_helper.observability import log_eval_rollout, log_rollout
 from slime_helper.rewards import EpisodeRewardMismatch, normalize_per_episode
 
 __all__ = [
     "AdapterService",
+    "AppendOnlyChatNeeded",
     "EpisodeRewardMismatch",
+    "FullyAsyncEvaluation",
     "MissingEpisodeNormalization",
     "MissingFilter",
     "MissingToolParser",
     "SlimeSetupError",
     "TemplateKwargsTokenizer",
+    "UnfilteredFullyAsync",
     "UnsupportedSlime",
     "generate",
+    "generate_rollout_fully_async",
     "keep_scored_groups",
     "keep_scored_nonzero_std_groups",
     "log_eval_rollout",

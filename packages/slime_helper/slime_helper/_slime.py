@@ -41,6 +41,12 @@ class Slime:
     trace_span: Callable[..., Any]
     log: Callable[..., Any]
     compute_rollout_step: Callable[..., Any]
+    generate_rollout: Callable[..., Any]
+    eval_rollout: Callable[..., Any]
+    generate_rollout_fully_async: Callable[..., Any]
+    call_dynamic_filter: Callable[..., Any]
+    MetricGatherer: type
+    RolloutFnTrainOutput: type
 
 
 @functools.cache
@@ -57,6 +63,12 @@ def slime() -> Slime:
     trace_span = _find("slime.observability.trace_utils", "trace_span", missing)
     log = _find("slime.observability.logging_utils", "log", missing)
     rollout_step = _find("slime.observability.metric_utils", "compute_rollout_step", missing)
+    rollout = _find("slime.rollout.sglang_rollout", "generate_rollout", missing)
+    evaluation = _find("slime.rollout.sglang_rollout", "eval_rollout", missing)
+    fully_async = _find("slime.rollout.fully_async_rollout", "generate_rollout_fully_async", missing)
+    call_filter = _find("slime.rollout.filter_hub.base_types", "call_dynamic_filter", missing)
+    gatherer = _find("slime.rollout.filter_hub.base_types", "MetricGatherer", missing)
+    train_output = _find("slime.rollout.base_types", "RolloutFnTrainOutput", missing)
     if trace_span is not None:
         missing += _lacking("slime.observability.trace_utils.trace_span", trace_span, ("target", "name", "attrs"))
     if log is not None:
@@ -81,6 +93,22 @@ def slime() -> Slime:
             getattr(adapter, "_build_reply", None),
             ("parsed", "raw_finish", "translated", "tools_schema"),
         )
+    for where, function in (
+        ("slime.rollout.sglang_rollout.generate_rollout", rollout),
+        ("slime.rollout.fully_async_rollout.generate_rollout_fully_async", fully_async),
+    ):
+        if function is not None:
+            missing += _lacking(where, function, ("args", "rollout_id", "evaluation"))
+    if evaluation is not None:
+        missing += _lacking("slime.rollout.sglang_rollout.eval_rollout", evaluation, ("args", "rollout_id"))
+    if gatherer is not None:
+        missing += _lacking(
+            "slime.rollout.filter_hub.base_types.MetricGatherer.on_dynamic_filter_drop",
+            getattr(gatherer, "on_dynamic_filter_drop", None),
+            ("reason",),
+        )
+    if train_output is not None:
+        missing += _lacking("slime.rollout.base_types.RolloutFnTrainOutput", train_output, ("samples", "metrics"))
     if run_app is not None:
         missing += _lacking(
             "slime.agent.aiohttp_threaded.run_app_in_thread", run_app, ("host", "port", "thread_name", "runner_kwargs")
@@ -95,7 +123,7 @@ def slime() -> Slime:
         statuses = getattr(sample, "Status", None)
         missing += [
             f"slime.utils.types.Sample.Status.{name}"
-            for name in ("COMPLETED", "ABORTED")
+            for name in ("COMPLETED", "ABORTED", "FAILED")
             if not hasattr(statuses, name)
         ]
     if missing:
@@ -105,7 +133,23 @@ def slime() -> Slime:
             + f". slime_helper works with slime at commit {SUPPORTED_SLIME} (github.com/THUDM/slime); install that "
             "commit or one whose agent adapter offers these"
         )
-    return Slime(adapter, run_app, load_tokenizer, sample, filter_output, load_function, trace_span, log, rollout_step)
+    return Slime(
+        adapter,
+        run_app,
+        load_tokenizer,
+        sample,
+        filter_output,
+        load_function,
+        trace_span,
+        log,
+        rollout_step,
+        rollout,
+        evaluation,
+        fully_async,
+        call_filter,
+        gatherer,
+        train_output,
+    )
 
 
 def _find(module: str, name: str, missing: list[str]) -> Any:

@@ -11,7 +11,8 @@ When the tokenizer's chat template is Qwen3's, the adapter renders each session 
 YAML sets ``episode_append_only_chat: false``. The adapter is slime's own class with its hooks extended: each
 request's session is bound for the rendering, each recorded turn is held for the session's next one, and the tool
 calls of a reply that slime's adapter doesn't pass on (all but the first) are kept per session
-(``AdapterService.dropped_tool_calls``).
+(``AdapterService.dropped_tool_calls``), and a reply SGLang aborted reaches the client with finish reason ``abort``
+(slime's adapter would say ``stop``), so ``chat_core`` ends the episode flagged ``reply_aborted``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ APPEND_ONLY_SETTING = "episode_append_only_chat"
 
 
 class AdapterService:
-    """slime's ``OpenAIAdapter`` for this process, listening on ``chat_url``. Raises MissingToolParser when slime
+    """slime's ``OpenAIAdapter`` for this process, listening on ``chat_url``; ``append_only`` says whether it renders
+    each episode append-only, so that an episode comes back as one sample. Raises MissingToolParser when slime
     was launched without ``--sglang-tool-call-parser``, chat_core's MissingFilter when its
     ``--dynamic-sampling-filter-path`` isn't one of this helper's filters, MissingEpisodeNormalization when it
     normalises rewards per prompt group without ``--custom-reward-post-process-path``, UnsupportedSlime when
@@ -74,6 +76,7 @@ class AdapterService:
             dict(getattr(args, "apply_chat_template_kwargs", None) or {}),
             append_only,
         )
+        self.append_only = isinstance(tokenizer, AppendOnlyTokenizer)
         self.adapter = _episode_adapter(api.OpenAIAdapter)(
             tokenizer=tokenizer,
             sglang_url=f"http://{args.sglang_router_ip}:{args.sglang_router_port}",
@@ -173,8 +176,8 @@ def _episode_adapter(openai_adapter: type) -> type:
         """slime's ``OpenAIAdapter``, which also binds each request's session while the request is served
         (``append_only.turn_session``), hands each turn it records to an ``AppendOnlyTokenizer`` (through the
         adapter's ``debug_callback``, slime's one hook that sees a recorded turn's tokens), gives the turn it
-        records the reply's reasoning as the client gets it back, and keeps each open session's
-        ``dropped_tool_calls``."""
+        records the reply's reasoning as the client gets it back, keeps each open session's
+        ``dropped_tool_calls``, and tells the client when SGLang aborted the reply."""
 
         def __init__(self, *, tokenizer: Any, **kwargs: Any):
             self._appended = tokenizer if isinstance(tokenizer, AppendOnlyTokenizer) else None
@@ -221,6 +224,10 @@ def _episode_adapter(openai_adapter: type) -> type:
             # the turn.
             if parsed.reasoning:
                 reply.manager_message["reasoning_content"] = parsed.reasoning
+            # slime's adapter answers a generation SGLang aborted (its engines paused for a weight update, or any
+            # abort) with finish reason stop, so the episode would play on from the cut reply as if it were whole.
+            if raw_finish == "abort":
+                reply.wire = (reply.wire[0], "abort")
             if (replies := self._replies.get(turn_session.get())) is not None:
                 replies.replies += 1
                 if len(parsed.tool_uses) > 1:

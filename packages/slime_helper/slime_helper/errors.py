@@ -16,3 +16,19 @@ class MissingToolParser(SlimeSetupError):
 class MissingEpisodeNormalization(SlimeSetupError):
     """slime normalises rewards per prompt group, but was launched without ``--custom-reward-post-process-path``, so
     an episode of several samples would be normalised against the whole batch, once per sample."""
+
+
+class UnfilteredFullyAsync(SlimeSetupError):
+    """slime's fully-async worker was named as ``--rollout-function-path`` itself: it never calls the dynamic filter,
+    so a group holding an episode with no reward would be trained; ``slime_helper.generate_rollout_fully_async``
+    runs the same worker with the filter."""
+
+
+class AppendOnlyChatNeeded(SlimeSetupError):
+    """slime's fully-async rollout takes one sample per episode, and the adapter doesn't render the chat append-only,
+    so an episode may come back as several."""
+
+
+class FullyAsyncEvaluation(SlimeSetupError):
+    """slime's eval rollout can't run here beside its fully-async worker: both take slime's ``GenerateState``
+    semaphore, which works on one event loop, so the eval must run on the loop the worker plays its episodes on."""

@@ -11,8 +11,10 @@ sample (``slime_helper.adapter``).
 
 Per sample: open a session on the process's adapter → play the row's episode through it (``chat_core.play``) →
 ``finish_session``: the turns the adapter recorded, as samples carrying the episode's reward, so slime runs no
-reward model. An eval drops the session and returns one sample per episode. The episode's spans go on the sample's
-trace as they happen, and its outcome (``chat_core.EpisodeOutcome``) into every sample's metadata, with a
+reward model. An eval drops the session and returns one sample per episode, and so does an episode whose reply
+SGLang aborted (status ABORTED, which slime's fully-async worker plays again). Under
+``slime_helper.generate_rollout_fully_async`` an episode is one sample, not a list. The episode's spans go on the
+sample's trace as they happen, and its outcome (``chat_core.EpisodeOutcome``) into every sample's metadata, with a
 ``tool_calls_dropped`` flag for each reply whose tool calls beyond the first slime's adapter didn't pass on.
 """
 
@@ -29,6 +31,7 @@ from chat_core import OUTCOME_KEY, EpisodeOutcome, EpisodeResult, Flag, FlagKind
 
 from slime_helper._slime import slime
 from slime_helper.adapter import AdapterService, DroppedToolCalls
+from slime_helper.fully_async import note_worker_loop, takes_one_sample_per_episode
 from slime_helper.observability import SampleTrace
 
 logger = logging.getLogger(__name__)
@@ -50,25 +53,34 @@ _CHAT_SAMPLING = {
 }
 
 
-async def generate(args: Namespace, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> list:
+async def generate(
+    args: Namespace, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False
+) -> list | Any:
     """Play ``sample``'s episode (its metadata is a row's, as ``python -m chat_core.prepare`` writes it) with the
-    model slime serves, and return it as slime samples.
+    model slime serves, and return it as slime samples: a list of them, or under
+    ``slime_helper.generate_rollout_fully_async`` the one sample slime's fully-async worker takes per episode.
 
     The samples are the adapter's: one per stretch of turns it could join into one token sequence (one for the
     whole episode when the chat is rendered append-only; a sample per turn when the chat template re-renders earlier
     turns differently, as Qwen3's own does with thinking off), each with the episode's reward (0.0 when it has
     none), the base sample's trace and, in ``metadata``, the row's metadata plus the episode's outcome under
-    ``chat_core.OUTCOME_KEY``. An episode with no turn recorded comes back as one aborted sample marked
-    ``remove_sample``. In an eval (``evaluation=True``) the session is dropped and the episode comes back as one
-    sample holding its reward with nothing to train, since slime's eval averages over samples.
+    ``chat_core.OUTCOME_KEY``. An episode comes back instead as one placeholder sample with nothing to train
+    (``remove_sample``) when SGLang aborted one of its replies (status ABORTED, flagged ``reply_aborted``: slime's
+    fully-async worker plays its group again), when no turn was recorded (status FAILED), and under the fully-async
+    rollout when the adapter recorded it as several samples (FAILED, flagged ``episode_split``). In an eval
+    (``evaluation=True``) the session is dropped and the episode comes back as one sample holding its reward with
+    nothing to train, since slime's eval averages over samples.
 
     Raises MissingToolParser without ``--sglang-tool-call-parser``, chat_core's MissingFilter unless
     ``--dynamic-sampling-filter-path`` names one of this helper's filters, MissingEpisodeNormalization without
-    ``--custom-reward-post-process-path`` where slime normalises rewards per group, UnsupportedSlime when slime
-    lacks what the helper uses, and ValueError when the sample's metadata isn't a row's or
-    ``episode_append_only_chat`` isn't true or false. When cancelled, drops the session, closes the episode without
-    running its verifiers and re-raises."""
+    ``--custom-reward-post-process-path`` where slime normalises rewards per group, UnfilteredFullyAsync under slime's
+    fully-async worker named directly, UnsupportedSlime when slime lacks what the helper uses, and ValueError when
+    the sample's metadata isn't a row's or ``episode_append_only_chat`` isn't true or false. When cancelled, drops
+    the session, closes the episode without running its verifiers and re-raises."""
     api = slime()
+    one_per_episode = takes_one_sample_per_episode(args)
+    if one_per_episode and not evaluation:
+        note_worker_loop()
     service = AdapterService.of(args)
     sid = f"slime-helper-{uuid.uuid4().hex}"
     service.open_session(sid, {key: value for key, value in sampling_params.items() if value is not None})
@@ -80,7 +92,26 @@ async def generate(args: Namespace, sample: Any, sampling_params: dict[str, Any]
             episode_limits(args),
             trace=SampleTrace(sample),
         )
-        outcome = _outcome(result, service.dropped_tool_calls(sid))
+        dropped = service.dropped_tool_calls(sid)
+        aborted = any(flag.kind == FlagKind.REPLY_ABORTED for flag in result.flags)
+        played = []
+        if not evaluation and not aborted:
+            played = await service.adapter.finish_session(
+                sid,
+                base_sample=sample,
+                reward=_reward_of(result),
+                extra_metadata=_metadata(sample, _outcome(result, dropped)),
+            )
+            if one_per_episode and len(played) > 1:
+                result.flags.append(Flag(FlagKind.EPISODE_SPLIT, _split_message(len(played))))
+                played = []
+            if (trace := getattr(sample, "trace", None)) is not None:
+                for each in played:
+                    each.trace = trace
+        if not played:
+            status = api.Sample.Status
+            placeholder = status.COMPLETED if evaluation else status.ABORTED if aborted else status.FAILED
+            played = [_untrained(sample, result, _outcome(result, dropped), placeholder)]
         if not result.scored:
             logger.warning(
                 "%s episode %s is unscored: %s",
@@ -88,18 +119,7 @@ async def generate(args: Namespace, sample: Any, sampling_params: dict[str, Any]
                 result.episode.task_name,
                 "; ".join(f"{flag.kind}: {flag.message}" for flag in result.flags if flag.fatal) or "no reward",
             )
-        if evaluation:
-            return [_untrained(sample, result, outcome, api.Sample.Status.COMPLETED)]
-        samples = await service.adapter.finish_session(
-            sid,
-            base_sample=sample,
-            reward=_reward_of(result),
-            extra_metadata=_metadata(sample, outcome),
-        )
-        if (trace := getattr(sample, "trace", None)) is not None:
-            for played in samples:
-                played.trace = trace
-        return samples or [_untrained(sample, result, outcome, api.Sample.Status.ABORTED)]
+        return played[0] if one_per_episode else played
     finally:
         await service.adapter.drop_session(sid)
 
@@ -133,6 +153,14 @@ def _outcome(result: EpisodeResult, dropped: list[DroppedToolCalls]) -> EpisodeO
 
 def _metadata(sample: Any, outcome: EpisodeOutcome) -> dict[str, Any]:
     return {**(sample.metadata or {}), OUTCOME_KEY: outcome.to_metadata()}
+
+
+def _split_message(samples: int) -> str:
+    return (
+        f"slime's adapter recorded the episode as {samples} samples (a turn's prompt didn't extend the tokens it held: "
+        "the tools changed between env turns, or the context overflowed), and slime's fully-async rollout takes one "
+        "sample per episode; it is left out of training with its group"
+    )
 
 
 def _untrained(sample: Any, result: EpisodeResult, outcome: EpisodeOutcome, status: Any) -> Any:
