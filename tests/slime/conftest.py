@@ -78,10 +78,11 @@ def sglang_server(tokenizer, env_server: ServedBundle) -> Iterator[StandInSGLang
 
 @pytest.fixture
 def sglang(sglang_server: StandInSGLang, env_server: ServedBundle) -> Iterator[StandInSGLang]:
-    """The stand-in for SGLang, playing each task's test_support script unless a test sets ``script_of``, with no
-    walk, request or abort left from an earlier test."""
+    """The stand-in for SGLang, playing each task's test_support script unless a test sets ``script_of``, in Qwen3's
+    writing unless it sets ``writes``, with no walk, request or abort left from an earlier test."""
     yield sglang_server
     sglang_server.script_of = by_task(env_server)
+    sglang_server.writes = None
     sglang_server.clear()
 
 

@@ -39,7 +39,10 @@ class FlagKind(StrEnum):
       in one message, stopped answering the session's pings, or dropped the session.
     - ``task_mismatch``: the server serves another task at the row's place; the rows are stale.
     - ``rollout_aborted``: the trainer aborted the rollout while the episode was playing (a helper's flag; ``play``
-      itself is cancelled then)."""
+      itself is cancelled then).
+    - ``chat_template_failed``: the model's chat template raised on the episode's chat, so the turn never reached
+      the model; the message is the template's (a helper's flag, in place of the ``session_failed`` its chat
+      endpoint's refusal raised)."""
 
     BAD_TOOL_ARGUMENTS = "bad_tool_arguments"
     TOOL_CALL_LIMIT = "tool_call_limit"
@@ -56,6 +59,7 @@ class FlagKind(StrEnum):
     PROTOCOL_ERROR = "protocol_error"
     TASK_MISMATCH = "task_mismatch"
     ROLLOUT_ABORTED = "rollout_aborted"
+    CHAT_TEMPLATE_FAILED = "chat_template_failed"
 
 
 FATAL = frozenset(FlagKind) - {

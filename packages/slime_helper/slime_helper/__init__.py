@@ -15,8 +15,16 @@ qwen25`` (the parser that fits the model).
 
 from chat_core import MissingFilter
 
-from slime_helper.adapter import AdapterService, TemplateKwargsTokenizer
-from slime_helper.errors import MissingEpisodeNormalization, MissingToolParser, SlimeSetupError, UnsupportedSlime
+from slime_helper.adapter import AdapterService
+from slime_helper.append_only import AppendOnlyTokenizer, WholeChatTokenizer
+from slime_helper.errors import (
+    MissingEpisodeNormalization,
+    MissingToolParser,
+    SlimeSetupError,
+    UnappendableChat,
+    UnreadableToolCalls,
+    UnsupportedSlime,
+)
 from slime_helper.filters import keep_scored_groups, keep_scored_nonzero_std_groups
 from slime_helper.generate import generate
 from slime_helper.observability import log_eval_rollout, log_rollout
@@ -24,13 +32,16 @@ from slime_helper.rewards import EpisodeRewardMismatch, normalize_per_episode
 
 __all__ = [
     "AdapterService",
+    "AppendOnlyTokenizer",
     "EpisodeRewardMismatch",
     "MissingEpisodeNormalization",
     "MissingFilter",
     "MissingToolParser",
     "SlimeSetupError",
-    "TemplateKwargsTokenizer",
+    "UnappendableChat",
+    "UnreadableToolCalls",
     "UnsupportedSlime",
+    "WholeChatTokenizer",
     "generate",
     "keep_scored_groups",
     "keep_scored_nonzero_std_groups",

@@ -41,6 +41,7 @@ class Slime:
     trace_span: Callable[..., Any]
     log: Callable[..., Any]
     compute_rollout_step: Callable[..., Any]
+    parse_tool_uses: Callable[..., Any]
 
 
 @functools.cache
@@ -57,6 +58,7 @@ def slime() -> Slime:
     trace_span = _find("slime.observability.trace_utils", "trace_span", missing)
     log = _find("slime.observability.logging_utils", "log", missing)
     rollout_step = _find("slime.observability.metric_utils", "compute_rollout_step", missing)
+    parse_tool_uses = _find("slime.agent.parsing", "parse_tool_uses", missing)
     if trace_span is not None:
         missing += _lacking("slime.observability.trace_utils.trace_span", trace_span, ("target", "name", "attrs"))
     if log is not None:
@@ -80,6 +82,10 @@ def slime() -> Slime:
             f"{where}._build_reply",
             getattr(adapter, "_build_reply", None),
             ("parsed", "raw_finish", "translated", "tools_schema"),
+        )
+    if parse_tool_uses is not None:
+        missing += _lacking(
+            "slime.agent.parsing.parse_tool_uses", parse_tool_uses, ("body_text", "tools_schema", "tool_parser_name")
         )
     if run_app is not None:
         missing += _lacking(
@@ -105,7 +111,18 @@ def slime() -> Slime:
             + f". slime_helper works with slime at commit {SUPPORTED_SLIME} (github.com/THUDM/slime); install that "
             "commit or one whose agent adapter offers these"
         )
-    return Slime(adapter, run_app, load_tokenizer, sample, filter_output, load_function, trace_span, log, rollout_step)
+    return Slime(
+        adapter,
+        run_app,
+        load_tokenizer,
+        sample,
+        filter_output,
+        load_function,
+        trace_span,
+        log,
+        rollout_step,
+        parse_tool_uses,
+    )
 
 
 def _find(module: str, name: str, missing: list[str]) -> Any:

@@ -16,3 +16,12 @@ class MissingToolParser(SlimeSetupError):
 class MissingEpisodeNormalization(SlimeSetupError):
     """slime normalises rewards per prompt group, but was launched without ``--custom-reward-post-process-path``, so
     an episode of several samples would be normalised against the whole batch, once per sample."""
+
+
+class UnreadableToolCalls(SlimeSetupError):
+    """``--sglang-tool-call-parser`` doesn't read the tool calls the model's chat template writes, so every tool call
+    would reach the env as text."""
+
+
+class UnappendableChat(SlimeSetupError):
+    """``episode_append_only_chat: true`` was set, but the model's chat template can't be rendered append-only."""
