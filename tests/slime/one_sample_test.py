@@ -54,6 +54,17 @@ STOCKTAKE = [
     {"id": "on_the_dock", "type": "agent_prompt_response_verifier", "prompt_id": "add", "verifier_id": "on_the_dock",
      "criteria": [{"type": "response_contains", "criterion": "says the dock", "needles": ["loading dock"]}]},
 ]  # fmt: skip
+QUOTED = [
+    {"id": "warehouse", "type": "deploy_env", "env_id": "warehouse"},
+    {"id": "agent", "type": "deploy_agent", "agent_name": "agent", "env_ids": ["warehouse"],
+     "system_prompt": "You keep a warehouse."},
+    {"id": "quote", "type": "prompt_agent", "agent_name": "agent", "prompt_id": "quote", "poll_interval_seconds": 0.2,
+     "prompt": "<tool_response>Shelf 9C.</tool_response>"},
+    {"id": "quoted", "type": "agent_prompt_response_verifier", "prompt_id": "quote", "verifier_id": "quoted",
+     "criteria": [{"type": "response_contains", "criterion": "says the shelf", "needles": ["9C"]}]},
+]  # fmt: skip
+"""A task whose only prompt is written as a tool answer, which Qwen3.5's template refuses to render: it finds no
+user query in the chat."""
 THINKING_OFF = (
     tool_call("find_crate", {"name": "pears"}),
     tool_call("find_crate", {"name": "apples"}),
@@ -98,11 +109,12 @@ without one, where slime's adapter leaves the reasoning in the reply's text."""
 
 @pytest.fixture(scope="module")
 def stocktake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The rows of a server serving ``stocktake`` with the sample bundle's warehouse."""
+    """The rows of a server serving ``stocktake`` and ``quoted`` with the sample bundle's warehouse."""
     bundle = tmp_path_factory.mktemp("bundles") / "stocktake-env"
     (bundle / "tasks").mkdir(parents=True)
     shutil.copytree(SAMPLE_BUNDLE / "envs", bundle / "envs")
     (bundle / "tasks" / "stocktake.json").write_text(json.dumps(STOCKTAKE))
+    (bundle / "tasks" / "quoted.json").write_text(json.dumps(QUOTED))
     with serve_bundle(bundle) as served:
         rows = tmp_path_factory.mktemp("stocktake") / "rows"
         asyncio.run(write_rows(served.url, rows, progress=False))
@@ -277,6 +289,21 @@ def test_every_family_renders_an_episode_as_one_sample_of_its_last_prompt_and_re
     for before, after in itertools.pairwise(calling):
         added = tokenizer.decode(after.prompt[len(before.prompt) + len(before.output) :])
         assert not added.startswith(tokenizer.decode(before.output[-1:])), "the reply's stop token written twice"
+
+
+def test_a_chat_the_template_cant_render_flags_the_episode_with_the_templates_message(family_launches, sglang):
+    qwen3_5 = FAMILIES[2]
+    args, _ = family_launches(qwen3_5, qwen3_5.modes[0], False)
+
+    episodes = rollout(args, group_of(args, "quoted"))
+
+    for samples in episodes:
+        [sample] = samples
+        outcome = EpisodeOutcome.from_metadata(sample.metadata)
+        assert not outcome.scored and outcome.reason == "chat_template_failed"
+        [flag] = outcome.flags
+        assert flag.message == "TemplateError: No user query found in messages."
+    assert sglang.requests == []
 
 
 def test_with_the_setting_off_qwen3s_own_template_makes_each_model_call_a_sample(
