@@ -67,8 +67,10 @@ class AppendOnlyChat:
         self._added_tokens = {ids: text for text, ids in template.tokenizer.get_added_vocab().items()}
         self.closing = self._rendered_after_stand_in(0)
         """What the template writes after a reply's last word: ``<|im_end|>\\n`` for Qwen, nothing for GLM."""
-        bare = template.text([_USER], None, generation_prompt=False)
         marked = template.text([_SYSTEM, _USER], None, generation_prompt=False)
+        self._opening = marked.partition(_USER["content"])[0] + _USER["content"]
+        """The stand-in chat up to its user message's content, which what a turn adds must leave as it is."""
+        bare = template.text([_USER], None, generation_prompt=False)
         suffix = _common_suffix(bare, marked)
         prefix = _common_prefix(bare[: len(bare) - suffix], marked[: len(marked) - suffix])
         self._leading_bounds = (marked[:prefix], marked[len(marked) - suffix :])
@@ -79,7 +81,7 @@ class AppendOnlyChat:
         why, when the template can't render one of them after a reply."""
         try:
             chat = cls(template)
-        except (TemplateFailed, ValueError) as failed:
+        except TemplateFailed as failed:
             raise Unappendable(f"it can't render a stand-in chat ending in a reply: {failed}") from None
         for added in _PROBES:
             chat.continuation(added)
@@ -122,8 +124,7 @@ class AppendOnlyChat:
         calls = next((at for at, message in enumerate(added) if message.get("role") != "tool"), len(added))
         before = self._rendered_after_stand_in(calls)
         rendered = self.template.text([*_stand_in(calls), *added], None, generation_prompt=generation_prompt)
-        opening = self._stand_in_opening(calls)
-        if not rendered.startswith(opening):
+        if not rendered.startswith(self._opening):
             raise Unappendable("it moves a later message ahead of the turns before it")
         if rendered.count(_REPLY) != 1 or not (tail := rendered.partition(_REPLY)[2]).startswith(before):
             raise Unappendable("it renders the turn before the added messages otherwise once they follow it")
@@ -138,13 +139,9 @@ class AppendOnlyChat:
         if calls not in self._after_stand_in:
             rendered = self.template.text(_stand_in(calls), None, generation_prompt=False)
             if rendered.count(_REPLY) != 1:
-                raise ValueError("the template doesn't render a reply's content as it is")
+                raise Unappendable("it doesn't render a reply's content as it is")
             self._after_stand_in[calls] = rendered.partition(_REPLY)[2]
         return self._after_stand_in[calls]
-
-    def _stand_in_opening(self, calls: int) -> str:
-        rendered = self.template.text(_stand_in(calls)[:2], None, generation_prompt=False)
-        return rendered.partition(_USER["content"])[0] + _USER["content"]
 
     def _leading(self, message: Mapping[str, Any]) -> str:
         """System ``message`` as the template renders a system message that opens a chat. Raises Unappendable when
