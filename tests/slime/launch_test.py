@@ -29,6 +29,7 @@ from slime_helper import (
     normalize_per_episode,
 )
 from slime_helper._slime import SUPPORTED_SLIME, slime
+from slime_helper.append_only import AppendOnlyChat
 from slime_helper.chat_template import ChatTemplate, TemplateFailed
 from test_support.checkpoint import family_checkpoint
 from test_support.families import FAMILIES, MINIMAX_M3
@@ -200,3 +201,13 @@ def test_an_append_only_setting_that_isnt_true_or_false_is_refused(launch, fresh
 
     with pytest.raises(ValueError, match="episode_append_only_chat is true or false, not 'no'"):
         AdapterService.of(args)
+
+
+@pytest.mark.parametrize("family", [FAMILIES[2], FAMILIES[6], MINIMAX_M3], ids=lambda family: family.name)
+def test_a_later_system_message_the_template_refuses_moves_or_drops_is_rendered_where_it_comes(family, tmp_path):
+    chat = AppendOnlyChat.of(ChatTemplate(load_tokenizer(str(family_checkpoint(tmp_path / family.name, family))), {}))
+
+    added = chat.continuation([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Go."}])
+
+    assert added.startswith(chat.closing)
+    assert 0 < added.index("Be brief.") < added.index("Go.")
