@@ -23,7 +23,7 @@ it records comes back through ``record``; sessions the adapter didn't open (a cl
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -96,18 +96,24 @@ class AppendOnlyChat:
         except (Unappendable, TemplateFailed) as failed:
             if not any(message.get("role") == "system" for message in added):
                 raise Unappendable(str(failed)) from None
-        pieces = _split_at_system_messages(added)
-        text = self.closing
+        try:
+            return self.closing + "".join(self._pieces(_split_at_system_messages(added)))
+        except TemplateFailed as failed:
+            raise Unappendable(str(failed)) from None
+
+    def _pieces(self, pieces: Sequence[Sequence[Mapping[str, Any]]]) -> Iterator[str]:
+        """Each of ``pieces`` (runs without a system message, and system messages alone) rendered after the
+        stand-in reply, the last with the generation prompt; a system message the template can't render there as
+        the template renders one opening a chat."""
         for at, piece in enumerate(pieces):
             last = at == len(pieces) - 1
             if piece[0].get("role") != "system":
-                text += self._in_place(piece, generation_prompt=last)
+                yield self._in_place(piece, generation_prompt=last)
                 continue
             try:
-                text += self._in_place(piece, generation_prompt=last)
+                yield self._in_place(piece, generation_prompt=last)
             except (Unappendable, TemplateFailed):
-                text += self._leading(piece[0]) + (self._in_place((), generation_prompt=True) if last else "")
-        return text
+                yield self._leading(piece[0]) + (self._in_place((), generation_prompt=True) if last else "")
 
     def joined(self, held: Sequence[int], continuation: str) -> list[int]:
         """``held`` (a turn's prompt and reply tokens) followed by the tokens of ``continuation``, less the special
