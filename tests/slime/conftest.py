@@ -31,10 +31,18 @@ except TierUnready as unready:
 from chat_core.prepare import write_rows
 from launch import EVAL_SPLIT, THINKING_OFF, parse_slime_args, slime_command
 from sglang_stand_in import StandInSGLang, by_task
+from slime.observability.logging_utils import configure_logger
 from slime.utils.processing_utils import load_tokenizer
 from slime_helper import AdapterService
 from test_support import ServedBundle, serve_bundle
 from test_support.checkpoint import QWEN3_0_6B, weightless_checkpoint
+
+
+@pytest.fixture(scope="session", autouse=True)
+def slime_logging() -> None:
+    """slime's logging, configured as its ``parse_args`` configures it, before any test captures logs: configuring
+    it replaces the root logger's handlers, pytest's capture among them, once per process."""
+    configure_logger()
 
 
 @pytest.fixture(scope="session")
