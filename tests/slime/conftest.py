@@ -32,10 +32,18 @@ except TierUnready as unready:
 from chat_core.prepare import write_rows
 from launch import EVAL_SPLIT, THINKING_OFF, parse_slime_args, slime_command
 from sglang_stand_in import StandInSGLang, by_task
+from slime.observability.logging_utils import configure_logger
 from slime.utils.processing_utils import load_tokenizer
 from slime_helper import AdapterService
 from test_support import ServedBundle, serve_bundle
 from test_support.checkpoint import QWEN3_0_6B, weightless_checkpoint
+
+
+@pytest.fixture(scope="session", autouse=True)
+def slime_logging() -> None:
+    """slime's logging, configured as its ``parse_args`` configures it, before any test captures logs: configuring
+    it replaces the root logger's handlers, pytest's capture among them, once per process."""
+    configure_logger()
 
 
 @pytest.fixture(scope="session")
@@ -79,10 +87,11 @@ def sglang_server(tokenizer, env_server: ServedBundle) -> Iterator[StandInSGLang
 
 @pytest.fixture
 def sglang(sglang_server: StandInSGLang, env_server: ServedBundle) -> Iterator[StandInSGLang]:
-    """The stand-in for SGLang, playing each task's test_support script unless a test sets ``script_of``, with no
-    walk, request or abort left from an earlier test."""
+    """The stand-in for SGLang, playing each task's test_support script unless a test sets ``script_of``, in Qwen3's
+    writing unless it sets ``writes``, with no walk, request or abort left from an earlier test."""
     yield sglang_server
     sglang_server.script_of = by_task(env_server)
+    sglang_server.writes = None
     sglang_server.clear()
 
 

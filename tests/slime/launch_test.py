@@ -1,6 +1,7 @@
 """slime launched with this project's hooks: its own ``parse_args`` takes them, its loaders find them, and the
-helper checks the slime it runs on, renders a Qwen3 chat append-only unless told not to, and otherwise carries the
-chat template kwargs into the adapter."""
+helper checks the slime it runs on and the tool-call parser against the model's chat template, renders a chat
+append-only where the template allows it unless told not to, says loudly where it doesn't, and carries the chat
+template kwargs into the adapter either way."""
 
 from __future__ import annotations
 
@@ -15,23 +16,33 @@ from rollout import SAMPLE_PER_TURN
 from slime.agent.adapters import OpenAIAdapter
 from slime.agent.adapters.common import BaseAdapter
 from slime.utils.misc import load_function
+from slime.utils.processing_utils import load_tokenizer
 from slime_helper import (
     AdapterService,
-    TemplateKwargsTokenizer,
+    AppendOnlyTokenizer,
+    UnappendableChat,
+    UnreadableToolCalls,
     UnsupportedSlime,
+    WholeChatTokenizer,
     generate,
     keep_scored_groups,
     normalize_per_episode,
 )
 from slime_helper._slime import SUPPORTED_SLIME, slime
-from slime_helper.append_only import AppendOnlyTokenizer
+from slime_helper.append_only import AppendOnlyChat
+from slime_helper.chat_template import ChatTemplate, TemplateFailed
+from test_support.checkpoint import family_checkpoint
+from test_support.families import FAMILIES, MINIMAX_M3
 
 THINKING_OFF_OPENING = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+EARLIER_REPLIES_HIDDEN = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n"
+    "{% if message.role == 'assistant' and not loop.last %}(an earlier reply){% else %}{{ message.content }}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-"""A chat template of the same tokens that renders no tools and no think block: not Qwen3's."""
+"""A chat template of Qwen's tokens that writes no tool call and renders a reply otherwise once anything follows it,
+so that no turn can be rendered append-only."""
+GLM_4_7 = FAMILIES[4]
 
 
 @pytest.fixture
@@ -95,27 +106,93 @@ def test_with_the_setting_off_the_adapter_gets_the_chat_template_kwargs_through_
 ):
     service = AdapterService.of(launch(thinking=False, config=SAMPLE_PER_TURN))
 
-    assert isinstance(service.adapter.tokenizer, TemplateKwargsTokenizer)
+    assert isinstance(service.adapter.tokenizer, WholeChatTokenizer)
+    assert not isinstance(service.adapter.tokenizer, AppendOnlyTokenizer)
     rendered = service.adapter.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Hello"}], tokenize=False, add_generation_prompt=True
     )
     assert rendered.endswith(THINKING_OFF_OPENING)
 
 
-def test_a_template_not_recognised_as_qwen3s_keeps_the_tokenizers_own_rendering(
+def with_template(checkpoint, folder, template: str):
+    """A copy of ``checkpoint`` in ``folder`` whose tokenizer has the chat template ``template``."""
+    other = shutil.copytree(checkpoint, folder)
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    (other / "tokenizer_config.json").write_text(json.dumps(config))
+    return other
+
+
+def test_a_template_that_cant_be_rendered_append_only_is_said_loudly_and_rendered_whole(
     launch, checkpoint, tmp_path, caplog, fresh_slime_check
 ):
-    other = shutil.copytree(checkpoint, tmp_path / "ChatML-0.6B")
-    config = json.loads((other / "tokenizer_config.json").read_text())
-    config["chat_template"] = CHATML
-    (other / "tokenizer_config.json").write_text(json.dumps(config))
     args = copy.copy(launch(thinking=False))
-    args.hf_checkpoint = str(other)
+    args.hf_checkpoint = str(with_template(checkpoint, tmp_path / "Hidden-0.6B", EARLIER_REPLIES_HIDDEN))
 
     service = AdapterService.of(args)
 
-    assert isinstance(service.adapter.tokenizer, TemplateKwargsTokenizer)
-    assert "isn't recognised as Qwen3's" in caplog.text
+    assert isinstance(service.adapter.tokenizer, WholeChatTokenizer)
+    assert not isinstance(service.adapter.tokenizer, AppendOnlyTokenizer)
+    assert "THE CHAT TEMPLATE OF Hidden-0.6B CAN'T BE RENDERED APPEND-ONLY" in caplog.text
+    assert "writes no tool call, so slime_helper can't check that --sglang-tool-call-parser qwen25" in caplog.text
+
+
+def test_the_append_only_setting_true_refuses_a_template_that_cant_be_rendered_append_only(
+    launch, checkpoint, tmp_path, fresh_slime_check
+):
+    args = copy.copy(launch(thinking=False))
+    args.hf_checkpoint = str(with_template(checkpoint, tmp_path / "Hidden-0.6B", EARLIER_REPLIES_HIDDEN))
+    args.episode_append_only_chat = True
+
+    with pytest.raises(UnappendableChat, match="episode_append_only_chat is true, but the chat template of Hidden"):
+        AdapterService.of(args)
+
+
+def test_the_start_log_says_which_rendering_the_launch_uses(launch, caplog, fresh_slime_check):
+    AdapterService.of(launch(thinking=False))
+
+    assert "chat rendering: append-only, from the chat template of Qwen3-0.6B" in caplog.text
+
+
+def test_a_tool_parser_that_cant_read_the_models_tool_calls_is_refused_naming_one_that_can(
+    launch, tmp_path, fresh_slime_check
+):
+    args = copy.copy(launch())
+    args.hf_checkpoint = str(family_checkpoint(tmp_path / "GLM-4.7-Flash", GLM_4_7))
+
+    with pytest.raises(UnreadableToolCalls) as refused:
+        AdapterService.of(args)
+    assert "SGLang's tool-call parser 'qwen25' (--sglang-tool-call-parser) doesn't read the model's tool calls" in (
+        str(refused.value)
+    )
+    assert "Launch with --sglang-tool-call-parser glm47" in str(refused.value)
+
+
+def test_a_model_whose_tool_calls_no_sglang_parser_reads_is_refused_saying_so(launch, tmp_path, fresh_slime_check):
+    args = copy.copy(launch())
+    args.hf_checkpoint = str(family_checkpoint(tmp_path / "MiniMax-M3", MINIMAX_M3))
+    args.sglang_tool_call_parser = "minimax-m2"
+
+    with pytest.raises(UnreadableToolCalls, match="SGLang has no tool-call parser that reads it"):
+        AdapterService.of(args)
+
+
+def test_only_what_a_template_raises_is_taken_for_the_templates_refusal(tokenizer, tmp_path):
+    raising = "{{ raise_exception('No user query found in messages.') }}"
+    deepseek_v3_1 = family_checkpoint(tmp_path / "DeepSeek-V3.1", FAMILIES[7])
+
+    with pytest.raises(TemplateFailed, match="No user query found in messages"):
+        ChatTemplate(tokenizer, {"chat_template": raising}).text(
+            [{"role": "user", "content": "Hi"}], None, generation_prompt=True
+        )
+    assert ChatTemplate(load_tokenizer(str(deepseek_v3_1)), {}).string_arguments
+
+    class Broken:
+        def apply_chat_template(self, *args, **kwargs):
+            raise KeyError("a bug outside any template")
+
+    with pytest.raises(KeyError, match="a bug outside any template"):
+        ChatTemplate(Broken(), {})
 
 
 def test_an_append_only_setting_that_isnt_true_or_false_is_refused(launch, fresh_slime_check):
@@ -124,3 +201,13 @@ def test_an_append_only_setting_that_isnt_true_or_false_is_refused(launch, fresh
 
     with pytest.raises(ValueError, match="episode_append_only_chat is true or false, not 'no'"):
         AdapterService.of(args)
+
+
+@pytest.mark.parametrize("family", [FAMILIES[2], FAMILIES[6], MINIMAX_M3], ids=lambda family: family.name)
+def test_a_later_system_message_the_template_refuses_moves_or_drops_is_rendered_where_it_comes(family, tmp_path):
+    chat = AppendOnlyChat.of(ChatTemplate(load_tokenizer(str(family_checkpoint(tmp_path / family.name, family))), {}))
+
+    added = chat.continuation([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Go."}])
+
+    assert added.startswith(chat.closing)
+    assert 0 < added.index("Be brief.") < added.index("Go.")

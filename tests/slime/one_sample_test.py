@@ -1,22 +1,25 @@
-"""One sample per episode: episodes of several env turns with several tool calls a turn, played through
-``slime_helper.generate`` by slime's own rollout, on slime's real ``OpenAIAdapter``, ``parse_args`` and Qwen3's
-tokenizer, with the stand-in for SGLang. Rendered append-only (the default for Qwen3's template), each episode comes
-back as one sample whose tokens are the last prompt the stand-in received and the reply to it, trained exactly on
-what the model generated, each token once, with every turn's prompt equal to the whole chat rendered at once; with
-``episode_append_only_chat: false`` the same episode comes back as Qwen3's own template leaves it.
+"""One sample per episode: episodes of several env turns, played through ``slime_helper.generate`` by slime's own
+rollout, on slime's real ``OpenAIAdapter`` and ``parse_args``, for every model family slime's users train, each with
+its real tokenizer and chat template, and the stand-in for SGLang answering as the family's template writes a reply.
+Rendered append-only (what the helper picks for each of these templates), each episode comes back as one sample
+whose tokens are the last prompt the stand-in received and the reply to it, trained exactly on what the model
+generated, each token once, with every turn's prompt tokenizing only what it adds; with
+``episode_append_only_chat: false`` Qwen3's episodes come back as Qwen3's own template leaves them.
 
-The episodes play ``stocktake``, a task of two turns with the warehouse's tools, on a server of its own."""
+The episodes play ``stocktake``, a task of two turns with the warehouse's tools whose second turn brings a system
+prompt of its own, on a server of its own."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 import json
 import shutil
 import statistics
 import threading
 from argparse import Namespace
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,13 +28,17 @@ import pytest
 from chat_core import EpisodeOutcome
 from chat_core.metrics import rollout_log_metrics
 from chat_core.prepare import write_rows
+from launch import parse_slime_args, slime_command
 from rollout import SAMPLE_PER_TURN, group_of, rollout, rollout_manager
 from sglang_stand_in import Generated, StandInSGLang
 from slime.agent.trajectory import TurnRecord
+from slime.utils.processing_utils import load_tokenizer
 from slime_helper import AdapterService
-from slime_helper.append_only import AppendOnlyTokenizer, turn_session
-from slime_helper.qwen3_chat import Qwen3Chat
+from slime_helper.append_only import AppendOnlyChat, AppendOnlyTokenizer, WholeChatTokenizer, turn_session
+from slime_helper.chat_template import ChatTemplate
 from test_support import SAMPLE_BUNDLE, serve_bundle, text, tool_call, tool_calls
+from test_support.checkpoint import family_checkpoint
+from test_support.families import FAMILIES, Family, Mode, written
 from test_support.qwen3 import END_OF_TURN, qwen3_text
 from test_support.script import Reply
 
@@ -42,10 +49,22 @@ STOCKTAKE = [
     {"id": "find", "type": "prompt_agent", "agent_name": "agent", "prompt_id": "find", "poll_interval_seconds": 0.2,
      "prompt": "Which shelves are the pears and the apples on?"},
     {"id": "add", "type": "prompt_agent", "agent_name": "agent", "prompt_id": "add", "poll_interval_seconds": 0.2,
+     "system_prompt": "You keep a warehouse. Answer in one short sentence.",
      "prompt": "A crate of oranges has arrived. Add it, then say where it is."},
     {"id": "on_the_dock", "type": "agent_prompt_response_verifier", "prompt_id": "add", "verifier_id": "on_the_dock",
      "criteria": [{"type": "response_contains", "criterion": "says the dock", "needles": ["loading dock"]}]},
 ]  # fmt: skip
+QUOTED = [
+    {"id": "warehouse", "type": "deploy_env", "env_id": "warehouse"},
+    {"id": "agent", "type": "deploy_agent", "agent_name": "agent", "env_ids": ["warehouse"],
+     "system_prompt": "You keep a warehouse."},
+    {"id": "quote", "type": "prompt_agent", "agent_name": "agent", "prompt_id": "quote", "poll_interval_seconds": 0.2,
+     "prompt": "<tool_response>Shelf 9C.</tool_response>"},
+    {"id": "quoted", "type": "agent_prompt_response_verifier", "prompt_id": "quote", "verifier_id": "quoted",
+     "criteria": [{"type": "response_contains", "criterion": "says the shelf", "needles": ["9C"]}]},
+]  # fmt: skip
+"""A task whose only prompt is written as a tool answer, which Qwen3.5's template refuses to render: it finds no
+user query in the chat."""
 THINKING_OFF = (
     tool_call("find_crate", {"name": "pears"}),
     tool_call("find_crate", {"name": "apples"}),
@@ -66,25 +85,75 @@ MISSES = {
     THINKING_ON: (*THINKING_ON[:4], text("<think>\nDone.\n</think>\n\nThe oranges are in.")),
 }
 """The script of each group's second episode: the same calls, and a last reply that doesn't name the dock (0)."""
-REASONING_PARSER = ("--sglang-reasoning-parser", "qwen3")
-VARIANTS = {
-    "thinking-off": (False, THINKING_OFF, ()),
-    "thinking-on": (True, THINKING_ON, ()),
-    "thinking-on-reasoning-parser": (True, THINKING_ON, REASONING_PARSER),
-}
+CALLING = (
+    tool_call("find_crate", {"name": "pears"}),
+    tool_call("find_crate", {"name": "apples"}),
+    tool_call("find_crate", {"name": "plums"}),
+    tool_call("add_crate", {"name": "oranges"}),
+    tool_call("find_crate", {"name": "oranges"}),
+    text("The oranges are on the loading dock."),
+)
+"""A tool-calling episode of a family: its third call is past ``FAMILY_CONFIG``'s two a turn, answered "not run"
+and ending the turn, so the second turn's system prompt and user message follow a tool answer (1)."""
+REPLYING = (text("The pears are on shelf 9C, the apples on shelf 4B. " * 120), text("The oranges are in."))
+"""A reply-only episode of a family: its first reply runs past the launch's ``--rollout-max-response-len`` (1,024
+tokens) and is cut there, and its second doesn't name the dock (0)."""
+FAMILY_CONFIG = "episode_max_tool_calls_per_turn: 2\n"
+FAMILY_MODES = [
+    *((family, mode, bool(mode.thinks and family.reasoning_parser)) for family in FAMILIES for mode in family.modes),
+    (FAMILIES[1], FAMILIES[1].modes[1], False),
+]
+"""Each family in each of its modes, a thinking mode launched with the family's reasoning parser; and Qwen3 thinking
+without one, where slime's adapter leaves the reasoning in the reply's text."""
 
 
 @pytest.fixture(scope="module")
 def stocktake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The rows of a server serving ``stocktake`` with the sample bundle's warehouse."""
+    """The rows of a server serving ``stocktake`` and ``quoted`` with the sample bundle's warehouse."""
     bundle = tmp_path_factory.mktemp("bundles") / "stocktake-env"
     (bundle / "tasks").mkdir(parents=True)
     shutil.copytree(SAMPLE_BUNDLE / "envs", bundle / "envs")
     (bundle / "tasks" / "stocktake.json").write_text(json.dumps(STOCKTAKE))
+    (bundle / "tasks" / "quoted.json").write_text(json.dumps(QUOTED))
     with serve_bundle(bundle) as served:
         rows = tmp_path_factory.mktemp("stocktake") / "rows"
         asyncio.run(write_rows(served.url, rows, progress=False))
         yield rows / "all.jsonl"
+
+
+@pytest.fixture(scope="module")
+def family_launches(
+    tmp_path_factory: pytest.TempPathFactory, stocktake: Path, sglang_server: StandInSGLang
+) -> Callable[[Family, Mode, bool], tuple[Namespace, Any]]:
+    """slime's arguments for a launch of a family in a mode, with or without its reasoning parser, on the
+    ``stocktake`` rows with at most two tool calls a turn, and the family's tokenizer as slime loads it. slime's
+    ``parse_args`` reads each family's launch (its checkpoint, tool-call parser and ``--custom-config-path``) once;
+    a mode sets what ``--apply-chat-template-kwargs`` and ``--sglang-reasoning-parser`` would."""
+    config = tmp_path_factory.mktemp("config") / "custom.yaml"
+    config.write_text(FAMILY_CONFIG)
+    parsed: dict[str, tuple[Namespace, Any]] = {}
+
+    def launch(family: Family, mode: Mode, reasoning_parser: bool) -> tuple[Namespace, Any]:
+        if family.name not in parsed:
+            checkpoint = family_checkpoint(tmp_path_factory.mktemp("families") / family.name, family)
+            flags = ["--sglang-tool-call-parser", family.tool_parser, "--custom-config-path", str(config)]
+            router = (sglang_server.host, sglang_server.port)
+            args = parse_slime_args(slime_command(checkpoint, router, stocktake, {}, *flags))
+            parsed[family.name] = args, load_tokenizer(str(checkpoint), trust_remote_code=True)
+        args, tokenizer = parsed[family.name]
+        moded = {
+            "apply_chat_template_kwargs": dict(mode.template_kwargs),
+            "sglang_reasoning_parser": family.reasoning_parser if reasoning_parser else None,
+        }
+        return Namespace(**{**vars(args), **moded}), tokenizer
+
+    return launch
+
+
+@pytest.fixture(scope="module")
+def stocktake_group(launch, stocktake: Path) -> list:
+    """The group of ``stocktake``'s row as slime's data source gives it; a test plays a copy."""
+    return group_of(Namespace(**{**vars(launch()), "prompt_data": str(stocktake)}), "stocktake")
 
 
 @dataclass(frozen=True)
@@ -164,57 +233,77 @@ def whole_episode(replies: list[Generated]) -> tuple[list[int], list[int], list[
     return tokens, mask[first:], logprobs[first:]
 
 
-def as_written(conversation: list[dict[str, Any]], replies: list[str]) -> list[dict[str, Any]]:
-    """``conversation`` with its assistant turns, in order, as the text of ``replies``, exactly as the model wrote
-    them."""
-    written = iter(replies)
-    return [
-        {"role": "assistant", "content": next(written)} if message["role"] == "assistant" else message
-        for message in conversation
-    ]
+def reasoning_of(reply: Reply) -> str:
+    """What the model thinks before ``reply``."""
+    about = reply.tool_calls[0].name if reply.tool_calls else "the answer"
+    return f"I should give {about} next."
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_an_episode_rendered_append_only_is_one_sample_of_its_last_prompt_and_reply_trained_on_what_was_generated(
-    launch, sglang, tokenizer, monkeypatch, stocktake, variant
+@pytest.mark.parametrize(
+    ("family", "mode", "reasoning_parser"),
+    FAMILY_MODES,
+    ids=[f"{f.name}-{m.name}{'-reasoning-parser' * p}".replace(" ", "-") for f, m, p in FAMILY_MODES],
+)
+def test_every_family_renders_an_episode_as_one_sample_of_its_last_prompt_and_reply_trained_on_what_was_generated(
+    family, mode, reasoning_parser, family_launches, stocktake_group, sglang, monkeypatch
 ):
-    thinking, script, extra = VARIANTS[variant]
-    args, episodes, sessions, prompts = played(
-        launch, sglang, tokenizer, monkeypatch, stocktake, script, thinking=thinking, extra=extra
+    args, tokenizer = family_launches(family, mode, reasoning_parser)
+    scripts = iter((CALLING, REPLYING))
+    sglang.script_of = lambda prompt: next(scripts)
+    sglang.writes = lambda reply: tokenizer.encode(
+        written(tokenizer, family, mode, reply, reasoning_of(reply)), add_special_tokens=False
     )
+    prompts = Prompts(AdapterService.of(args).adapter.tokenizer, type(tokenizer), monkeypatch)
 
-    appended = AdapterService.of(args).adapter.tokenizer
-    assert isinstance(appended, AppendOnlyTokenizer)
-    assert [len(replies) for replies in sessions] == [len(script), len(MISSES[script])]
-    expected = {tuple(whole_episode(replies)[0]): replies for replies in sessions}
+    episodes = rollout(args, copy.deepcopy(stocktake_group))
+
+    assert isinstance(AdapterService.of(args).adapter.tokenizer, AppendOnlyTokenizer)
+    sessions: dict[str, list[Generated]] = {}
+    for reply in sglang.generated:
+        sessions.setdefault(reply.routing_key, []).append(reply)
+    calling, replying = sorted(sessions.values(), key=len, reverse=True)
+    assert [len(calling), len(replying)] == [len(CALLING), len(REPLYING)]
+    rewards = {tuple(whole_episode(calling)[0]): 1.0, tuple(whole_episode(replying)[0]): 0.0}
     for samples in episodes:
         [sample] = samples
-        replies = expected.pop(tuple(sample.tokens))
-        _, mask, logprobs = whole_episode(replies)
-        assert sample.response_length == len(sample.loss_mask) == len(sample.tokens) - len(replies[0].prompt)
+        replies = calling if tuple(sample.tokens) == tuple(whole_episode(calling)[0]) else replying
+        tokens, mask, logprobs = whole_episode(replies)
+        assert sample.tokens == tokens
+        assert sample.response_length == len(sample.loss_mask) == len(tokens) - len(replies[0].prompt)
         assert sample.loss_mask == mask
         assert sample.rollout_log_probs == logprobs
+        assert sample.reward == rewards.pop(tuple(tokens))
         outcome = EpisodeOutcome.from_metadata(sample.metadata)
         assert outcome.scored and outcome.model_calls == len(replies) and outcome.turns == 2
-        assert outcome.tool_calls == sum(bool(step.tool_calls) for step in script)
-    assert sorted(sample.reward for samples in episodes for sample in samples) == [0.0, 1.0]
-
-    first = prompts.rendered[0]
-    stock = tokenizer.apply_chat_template(
-        first.conversation, tools=first.tools, tokenize=True, add_generation_prompt=True,
-        **args.apply_chat_template_kwargs,
-    )  # fmt: skip
-    assert first.tokens == list(stock.get("input_ids", stock))
-    for replies in sessions:
+    assert rewards == {}
+    for replies in (calling, replying):
         renders = [render for render in prompts.rendered if render.sid == replies[0].routing_key]
         assert [render.tokens for render in renders] == [reply.prompt for reply in replies]
         held = [0] + [len(reply.prompt) + len(reply.output) for reply in replies[:-1]]
         assert [render.tokenized for render in renders] == [
             len(r.tokens) - h for r, h in zip(renders, held, strict=True)
         ]
-        written = [tokenizer.decode(reply.output) for reply in replies]
-        for render in renders:
-            assert render.tokens == appended.whole(as_written(render.conversation, written), render.tools)
+    cut, after_cut = replying
+    added = tokenizer.decode(after_cut.prompt[len(cut.prompt) + len(cut.output) :])
+    assert len(cut.output) == args.rollout_max_response_len and added.startswith(family.turn_end)
+    for before, after in itertools.pairwise(calling):
+        added = tokenizer.decode(after.prompt[len(before.prompt) + len(before.output) :])
+        assert not added.startswith(tokenizer.decode(before.output[-1:])), "the reply's stop token written twice"
+
+
+def test_a_chat_the_template_cant_render_flags_the_episode_with_the_templates_message(family_launches, sglang):
+    qwen3_5 = FAMILIES[2]
+    args, _ = family_launches(qwen3_5, qwen3_5.modes[0], False)
+
+    episodes = rollout(args, group_of(args, "quoted"))
+
+    for samples in episodes:
+        [sample] = samples
+        outcome = EpisodeOutcome.from_metadata(sample.metadata)
+        assert not outcome.scored and outcome.reason == "chat_template_failed"
+        [flag] = outcome.flags
+        assert flag.message == "TemplateError: No user query found in messages."
+    assert sglang.requests == []
 
 
 def test_with_the_setting_off_qwen3s_own_template_makes_each_model_call_a_sample(
@@ -304,7 +393,8 @@ def serving_episode() -> Iterator[str]:
 
 
 def test_a_turn_whose_tools_or_earlier_messages_changed_is_rendered_whole(tokenizer, caplog, serving_episode):
-    appended = AppendOnlyTokenizer(tokenizer, Qwen3Chat.of(tokenizer, {"enable_thinking": False}))
+    template = ChatTemplate(tokenizer, {"enable_thinking": False})
+    appended, whole = AppendOnlyTokenizer(AppendOnlyChat.of(template)), WholeChatTokenizer(template)
     tools = [{"type": "function", "function": {"name": "find_crate", "description": "Find it.", "parameters": {}}}]
     chat = [{"role": "system", "content": "You keep a warehouse."}, {"role": "user", "content": "Where are the pears?"}]
     call = {"type": "function", "function": {"name": "find_crate", "arguments": {"name": "pears"}}}
@@ -325,10 +415,13 @@ def test_a_turn_whose_tools_or_earlier_messages_changed_is_rendered_whole(tokeni
     rewritten = [{**chat[0], "content": "You run a warehouse."}, *answered[1:]]
 
     assert extended[: len(prompt) + len(output)] == [*prompt, *output]
-    assert extended == appended.whole(answered, tools)
-    assert appended.apply_chat_template(answered, tools=other_tools) == appended.whole(answered, other_tools)
-    assert appended.apply_chat_template(rewritten, tools=tools) == appended.whole(rewritten, tools)
+    assert tokenizer.decode(extended[len(prompt) + len(output) :]) == (
+        "\n<|im_start|>user\n<tool_response>\nShelf 9C.\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+    assert appended.apply_chat_template(answered, tools=other_tools) == whole.apply_chat_template(answered, other_tools)
+    assert appended.apply_chat_template(rewritten, tools=tools) == whole.apply_chat_template(rewritten, tools)
     assert caplog.text.count("is rendered whole and slime starts a new sample") == 2
     appended.forget(serving_episode)
-    assert appended.apply_chat_template(answered, tools=tools) == extended
+    assert appended.apply_chat_template(answered, tools=tools) == whole.apply_chat_template(answered, tools)
     assert caplog.text.count("is rendered whole") == 2

@@ -5,11 +5,12 @@ Each session (the adapter's ``X-SMG-Routing-Key``) walks a script of test_suppor
 client that names no session lands) is placed by its chat instead: the text before the chat's first assistant turn
 names its script, and the assistant turns the prompt already holds say which step answers it, so chats that start
 alike get the same replies whatever order their requests come in. A reply is test_support's Qwen3 rendering of it,
-tokenized and closed with ``<|im_end|>`` as a model stops, and answered in SGLang's shape: ``text`` and ``meta_info``
-with ``output_token_logprobs`` (``[logprob, token_id, None]`` per token) and ``finish_reason``. ``max_new_tokens``
-cuts a reply short with finish reason ``length``; a reply scripted to finish with ``abort`` comes without
-``<|im_end|>`` and with finish reason ``abort``, as SGLang answers a generation it aborted. ``delay`` steps wait,
-``error`` steps answer their status, and ``POST /abort_request`` records the request ids it is asked to abort.
+tokenized and closed with ``<|im_end|>`` as a model stops (or the token ids ``writes`` gives it: a test of another
+model family writes its replies with that family's chat template), answered in SGLang's shape: ``text`` and
+``meta_info`` with ``output_token_logprobs`` (``[logprob, token_id, None]`` per token) and ``finish_reason``.
+``max_new_tokens`` cuts a reply short with finish reason ``length``; a reply scripted to finish with ``abort`` comes
+without its stop token and with finish reason ``abort``, as SGLang answers a generation it aborted. ``delay`` steps
+wait, ``error`` steps answer their status, and ``POST /abort_request`` records the request ids it is asked to abort.
 ``generated`` keeps each reply it answered with, beside the prompt it answered.
 """
 
@@ -57,11 +58,13 @@ class Generated:
 class StandInSGLang(LoopbackServer):
     """The stand-in, listening on a free loopback port until ``close()``; use it as a context manager. ``script_of``
     (which a test may replace) gives a new session its steps from the text of its first prompt. Its ``host`` and
-    ``port`` are what slime's ``--sglang-router-ip`` and ``--sglang-router-port`` take."""
+    ``port`` are what slime's ``--sglang-router-ip`` and ``--sglang-router-port`` take. ``writes`` (which a test
+    may set) gives a reply's token ids in place of the Qwen3 rendering."""
 
     def __init__(self, tokenizer: Any, script_of: Callable[[str], Sequence[Step]]):
         self._tokenizer = tokenizer
         self.script_of = script_of
+        self.writes: Callable[[Reply], list[int]] | None = None
         self._cursor = ScriptCursor(default=self._script_of_first_prompt)
         self._lock = threading.Lock()
         self._aborted: list[str] = []
@@ -129,7 +132,10 @@ class StandInSGLang(LoopbackServer):
         return self.script_of(self._tokenizer.decode(request.body.get("input_ids") or [], skip_special_tokens=False))
 
     def _answered(self, reply: Reply, body: dict[str, Any], routing_key: str) -> dict[str, Any]:
-        logprobs = output_token_logprobs(self._tokenizer, reply)
+        if self.writes is None:
+            logprobs = output_token_logprobs(self._tokenizer, reply)
+        else:
+            logprobs = [[-0.01 * (at % 50 + 1), token, None] for at, token in enumerate(self.writes(reply))]
         finish: dict[str, Any] = {"type": "stop", "matched": logprobs[-1][1]}
         if reply.finish_reason == "abort":
             logprobs = logprobs[:-1]
@@ -144,7 +150,7 @@ class StandInSGLang(LoopbackServer):
                 Generated(routing_key, list(body.get("input_ids") or []), ids, [logprob for logprob, _, _ in logprobs])
             )
         return {
-            "text": self._tokenizer.decode(ids, skip_special_tokens=False),
+            **({} if self.writes else {"text": self._tokenizer.decode(ids, skip_special_tokens=False)}),
             "output_ids": ids,
             "meta_info": {
                 "id": body.get("rid"),

@@ -44,7 +44,10 @@ class FlagKind(StrEnum):
     - ``rollout_aborted``: the trainer aborted the rollout while the episode was playing (a helper's flag; ``play``
       itself is cancelled then).
     - ``episode_split``: the trainer's chat endpoint recorded the episode as several samples where the trainer's
-      rollout takes one sample per episode (a helper's flag: slime's fully-async rollout)."""
+      rollout takes one sample per episode (a helper's flag: slime's fully-async rollout).
+    - ``chat_template_failed``: the model's chat template raised on the episode's chat, so the turn never reached
+      the model; the message is the template's (a helper's flag, in place of the ``session_failed`` its chat
+      endpoint's refusal raised)."""
 
     BAD_TOOL_ARGUMENTS = "bad_tool_arguments"
     TOOL_CALL_LIMIT = "tool_call_limit"
@@ -63,6 +66,7 @@ class FlagKind(StrEnum):
     TASK_MISMATCH = "task_mismatch"
     ROLLOUT_ABORTED = "rollout_aborted"
     EPISODE_SPLIT = "episode_split"
+    CHAT_TEMPLATE_FAILED = "chat_template_failed"
 
 
 FATAL = frozenset(FlagKind) - {

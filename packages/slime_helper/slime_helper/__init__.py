@@ -16,14 +16,17 @@ qwen25`` (the parser that fits the model); with slime's fully-async rollout (``t
 
 from chat_core import MissingFilter
 
-from slime_helper.adapter import AdapterService, TemplateKwargsTokenizer
+from slime_helper.adapter import AdapterService
+from slime_helper.append_only import AppendOnlyTokenizer, WholeChatTokenizer
 from slime_helper.errors import (
     AppendOnlyChatNeeded,
     FullyAsyncEvaluation,
     MissingEpisodeNormalization,
     MissingToolParser,
     SlimeSetupError,
+    UnappendableChat,
     UnfilteredFullyAsync,
+    UnreadableToolCalls,
     UnsupportedSlime,
 )
 from slime_helper.filters import keep_scored_groups, keep_scored_nonzero_std_groups
@@ -35,15 +38,18 @@ from slime_helper.rewards import EpisodeRewardMismatch, normalize_per_episode
 __all__ = [
     "AdapterService",
     "AppendOnlyChatNeeded",
+    "AppendOnlyTokenizer",
     "EpisodeRewardMismatch",
     "FullyAsyncEvaluation",
     "MissingEpisodeNormalization",
     "MissingFilter",
     "MissingToolParser",
     "SlimeSetupError",
-    "TemplateKwargsTokenizer",
+    "UnappendableChat",
     "UnfilteredFullyAsync",
+    "UnreadableToolCalls",
     "UnsupportedSlime",
+    "WholeChatTokenizer",
     "generate",
     "generate_rollout_fully_async",
     "keep_scored_groups",

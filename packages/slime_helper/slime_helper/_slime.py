@@ -47,6 +47,7 @@ class Slime:
     call_dynamic_filter: Callable[..., Any]
     MetricGatherer: type
     RolloutFnTrainOutput: type
+    parse_tool_uses: Callable[..., Any]
 
 
 @functools.cache
@@ -69,6 +70,7 @@ def slime() -> Slime:
     call_filter = _find("slime.rollout.filter_hub.base_types", "call_dynamic_filter", missing)
     gatherer = _find("slime.rollout.filter_hub.base_types", "MetricGatherer", missing)
     train_output = _find("slime.rollout.base_types", "RolloutFnTrainOutput", missing)
+    parse_tool_uses = _find("slime.agent.parsing", "parse_tool_uses", missing)
     if trace_span is not None:
         missing += _lacking("slime.observability.trace_utils.trace_span", trace_span, ("target", "name", "attrs"))
     if log is not None:
@@ -109,6 +111,10 @@ def slime() -> Slime:
         )
     if train_output is not None:
         missing += _lacking("slime.rollout.base_types.RolloutFnTrainOutput", train_output, ("samples", "metrics"))
+    if parse_tool_uses is not None:
+        missing += _lacking(
+            "slime.agent.parsing.parse_tool_uses", parse_tool_uses, ("body_text", "tools_schema", "tool_parser_name")
+        )
     if run_app is not None:
         missing += _lacking(
             "slime.agent.aiohttp_threaded.run_app_in_thread", run_app, ("host", "port", "thread_name", "runner_kwargs")
@@ -149,6 +155,7 @@ def slime() -> Slime:
         call_filter,
         gatherer,
         train_output,
+        parse_tool_uses,
     )
 
 

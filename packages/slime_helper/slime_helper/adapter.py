@@ -6,13 +6,16 @@ It is built on the first rollout from slime's launch flags (tokenizer from ``--h
 ``http://{--sglang-router-ip}:{--sglang-router-port}``), served on loopback by a thread of its own, and cached on
 ``AdapterService`` itself rather than through slime's internals; ``AdapterService.reset()`` stops it.
 
-When the tokenizer's chat template is Qwen3's, the adapter renders each session append-only
-(``append_only.AppendOnlyTokenizer``), so an episode comes back as one sample, unless the ``--custom-config-path``
-YAML sets ``episode_append_only_chat: false``. The adapter is slime's own class with its hooks extended: each
-request's session is bound for the rendering, each recorded turn is held for the session's next one, and the tool
-calls of a reply that slime's adapter doesn't pass on (all but the first) are kept per session
-(``AdapterService.dropped_tool_calls``), and a reply SGLang aborted reaches the client with finish reason ``abort``
-(slime's adapter would say ``stop``), so ``chat_core`` ends the episode flagged ``reply_aborted``.
+At start the helper probes the tokenizer's chat template: the tool-call parser must read a call the template writes
+(``tool_parser``), and, unless the ``--custom-config-path`` YAML sets ``episode_append_only_chat: false``, each
+session is rendered append-only (``append_only``) when the template can render what a turn adds after a reply, so an
+episode comes back as one sample; the start log says which rendering the launch uses. The adapter is slime's own
+class with its hooks extended: each request's session is bound for the rendering, each recorded turn is held for
+the session's next one, the tool calls of a reply that slime's adapter doesn't pass on (all but the first) are kept
+per session (``AdapterService.dropped_tool_calls``), and a chat the template can't render is answered with a 400
+naming the template's error, kept per session (``AdapterService.template_failure``), instead of slime's 500;
+and a reply SGLang aborted reaches the client with finish reason ``abort`` (slime's adapter would say ``stop``),
+so ``chat_core`` ends the episode flagged ``reply_aborted``.
 """
 
 from __future__ import annotations
@@ -25,19 +28,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from aiohttp import web
 from chat_core import ChatEndpoint
 from chat_core.filters import require_filter
 
 from slime_helper._slime import slime
-from slime_helper.append_only import AppendOnlyTokenizer, turn_session
-from slime_helper.errors import MissingEpisodeNormalization, MissingToolParser
+from slime_helper.append_only import (
+    AppendOnlyChat,
+    AppendOnlyTokenizer,
+    ChatTemplateFailed,
+    Unappendable,
+    WholeChatTokenizer,
+    turn_session,
+)
+from slime_helper.chat_template import ChatTemplate
+from slime_helper.errors import MissingEpisodeNormalization, MissingToolParser, UnappendableChat
 from slime_helper.filters import FILTERS
-from slime_helper.qwen3_chat import Qwen3Chat
 from slime_helper.rewards import normalizes_per_group
+from slime_helper.tool_parser import check_tool_parser
 
 logger = logging.getLogger(__name__)
 APPEND_ONLY_SETTING = "episode_append_only_chat"
-"""The ``--custom-config-path`` setting that turns the append-only rendering off (``false``); it is on by default."""
+"""The ``--custom-config-path`` setting that overrides the rendering the probe picks: ``false`` renders each turn's
+whole chat, ``true`` requires the append-only rendering."""
 
 
 class AdapterService:
@@ -45,8 +58,10 @@ class AdapterService:
     each episode append-only, so that an episode comes back as one sample. Raises MissingToolParser when slime
     was launched without ``--sglang-tool-call-parser``, chat_core's MissingFilter when its
     ``--dynamic-sampling-filter-path`` isn't one of this helper's filters, MissingEpisodeNormalization when it
-    normalises rewards per prompt group without ``--custom-reward-post-process-path``, UnsupportedSlime when
-    slime lacks what it uses, and ValueError when ``episode_append_only_chat`` isn't true or false."""
+    normalises rewards per prompt group without ``--custom-reward-post-process-path``, UnreadableToolCalls when
+    that parser doesn't read the tool calls the model's chat template writes, UnappendableChat when
+    ``episode_append_only_chat`` is true and the template can't be rendered append-only, UnsupportedSlime when slime
+    lacks what it uses, and ValueError when ``episode_append_only_chat`` isn't true or false."""
 
     _current: ClassVar[AdapterService | None] = None
 
@@ -68,14 +83,15 @@ class AdapterService:
                 "normalisation on: an episode comes back as several samples, and slime's own normalisation would "
                 "then take one group over the whole batch and count a long episode once per sample"
             )
-        append_only = getattr(args, APPEND_ONLY_SETTING, True)
-        if not isinstance(append_only, bool):
+        append_only = getattr(args, APPEND_ONLY_SETTING, None)
+        if append_only is not None and not isinstance(append_only, bool):
             raise ValueError(f"{APPEND_ONLY_SETTING} is true or false, not {append_only!r}")
-        tokenizer = _tokenizer(
+        template = ChatTemplate(
             api.load_tokenizer(args.hf_checkpoint, trust_remote_code=True),
             dict(getattr(args, "apply_chat_template_kwargs", None) or {}),
-            append_only,
         )
+        check_tool_parser(template, tool_parser)
+        tokenizer = _tokenizer(template, append_only, Path(args.hf_checkpoint).name)
         self.append_only = isinstance(tokenizer, AppendOnlyTokenizer)
         self.adapter = _episode_adapter(api.OpenAIAdapter)(
             tokenizer=tokenizer,
@@ -124,6 +140,11 @@ class AdapterService:
         passed on only the first."""
         return self.adapter.dropped_tool_calls(sid)
 
+    def template_failure(self, sid: str) -> str | None:
+        """The chat template's error on the chat of open session ``sid``, which the adapter answered with a 400;
+        None while the template has rendered every turn."""
+        return self.adapter.template_failure(sid)
+
 
 @dataclass(frozen=True)
 class DroppedToolCalls:
@@ -150,22 +171,47 @@ class DroppedToolCalls:
 class _SessionReplies:
     replies: int = 0
     dropped: list[DroppedToolCalls] = field(default_factory=list)
+    template_failure: str | None = None
 
 
-def _tokenizer(tokenizer: Any, template_kwargs: dict[str, Any], append_only: bool) -> Any:
-    """The tokenizer the adapter renders with: append-only when ``append_only`` and its template is Qwen3's,
-    otherwise its own template with ``template_kwargs``."""
-    chat = Qwen3Chat.of(tokenizer, template_kwargs) if append_only else None
-    if chat is not None:
-        logger.info("[slime_helper] rendering each episode's chat append-only in Qwen3's layout, think blocks kept")
-        return AppendOnlyTokenizer(tokenizer, chat)
-    if append_only:
-        logger.warning(
-            "[slime_helper] the chat template of --hf-checkpoint isn't recognised as Qwen3's, so the adapter renders "
-            "each turn with it as it is, and an episode may come back as several samples "
-            "(rollout/episode/samples_per_episode says how many)"
+def _tokenizer(template: ChatTemplate, append_only: bool | None, model: str) -> WholeChatTokenizer:
+    """The tokenizer the adapter renders with: append-only unless ``append_only`` is False or the template can't be
+    rendered append-only, which is refused when ``append_only`` is True and said loudly otherwise."""
+    arguments = " (tool-call arguments as JSON text, the form it takes)" if template.string_arguments else ""
+    if append_only is False:
+        logger.info(
+            "[slime_helper] chat rendering: each turn's whole chat, with the chat template of %s%s, as %s: false "
+            "asks; an episode comes back as several samples wherever the template renders earlier turns otherwise "
+            "than the model saw them (rollout/episode/samples_per_episode)",
+            model,
+            arguments,
+            APPEND_ONLY_SETTING,
         )
-    return TemplateKwargsTokenizer(tokenizer, template_kwargs) if template_kwargs else tokenizer
+        return WholeChatTokenizer(template)
+    try:
+        chat = AppendOnlyChat.of(template)
+    except Unappendable as why:
+        if append_only:
+            raise UnappendableChat(
+                f"{APPEND_ONLY_SETTING} is true, but the chat template of {model} can't be rendered append-only: {why}"
+            ) from None
+        logger.warning(
+            "[slime_helper] THE CHAT TEMPLATE OF %s CAN'T BE RENDERED APPEND-ONLY: %s. Each turn's whole chat is "
+            "rendered with it instead, so an episode comes back as several samples wherever the template renders "
+            "earlier turns otherwise than the model saw them; rollout/episode/samples_per_episode counts them",
+            model,
+            why,
+        )
+        return WholeChatTokenizer(template)
+    logger.info(
+        "[slime_helper] chat rendering: append-only, from the chat template of %s%s: each turn is the tokens the "
+        "last turn held, the reply as sampled, then what the turn adds as the template renders it, so an episode is "
+        "one sample (%s: false renders each turn's whole chat instead)",
+        model,
+        arguments,
+        APPEND_ONLY_SETTING,
+    )
+    return AppendOnlyTokenizer(chat)
 
 
 @functools.cache
@@ -177,17 +223,33 @@ def _episode_adapter(openai_adapter: type) -> type:
         (``append_only.turn_session``), hands each turn it records to an ``AppendOnlyTokenizer`` (through the
         adapter's ``debug_callback``, slime's one hook that sees a recorded turn's tokens), gives the turn it
         records the reply's reasoning as the client gets it back, keeps each open session's
-        ``dropped_tool_calls``, and tells the client when SGLang aborted the reply."""
+        ``dropped_tool_calls``, and answers a chat its template can't render with a 400 naming the template's
+        error, kept as the session's ``template_failure``, and tells the client when SGLang aborted the reply."""
 
         def __init__(self, *, tokenizer: Any, **kwargs: Any):
             self._appended = tokenizer if isinstance(tokenizer, AppendOnlyTokenizer) else None
             recorded = self._appended.record if self._appended is not None else None
             super().__init__(tokenizer=tokenizer, debug_callback=recorded, **kwargs)
             self._replies: dict[str, _SessionReplies] = {}
+            self.app.middlewares.append(self._answer_template_failures)
+
+        @web.middleware
+        async def _answer_template_failures(self, request: web.Request, handler: Any) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            except ChatTemplateFailed as failed:
+                if (replies := self._replies.get(failed.session or "")) is not None:
+                    replies.template_failure = failed.message
+                error = {"message": str(failed), "type": "invalid_request_error", "code": "chat_template_failed"}
+                return web.json_response({"error": error}, status=400)
 
         def dropped_tool_calls(self, sid: str) -> list[DroppedToolCalls]:
             replies = self._replies.get(sid)
             return list(replies.dropped) if replies is not None else []
+
+        def template_failure(self, sid: str) -> str | None:
+            replies = self._replies.get(sid)
+            return replies.template_failure if replies is not None else None
 
         def open_session(self, sid: str, **kwargs: Any) -> None:
             super().open_session(sid, **kwargs)
@@ -236,19 +298,3 @@ def _episode_adapter(openai_adapter: type) -> type:
             return reply
 
     return EpisodeAdapter
-
-
-class TemplateKwargsTokenizer:
-    """A tokenizer whose ``apply_chat_template`` always gets ``template_kwargs`` (e.g. ``enable_thinking=False``),
-    since slime's adapter renders every session's chat with the tokenizer's defaults. Everything else is the wrapped
-    tokenizer's."""
-
-    def __init__(self, tokenizer: Any, template_kwargs: Mapping[str, Any]):
-        self._tokenizer = tokenizer
-        self._template_kwargs = dict(template_kwargs)
-
-    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
-        return self._tokenizer.apply_chat_template(conversation, **{**self._template_kwargs, **kwargs})
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tokenizer, name)

@@ -32,3 +32,12 @@ class AppendOnlyChatNeeded(SlimeSetupError):
 class FullyAsyncEvaluation(SlimeSetupError):
     """slime's eval rollout can't run here beside its fully-async worker: both take slime's ``GenerateState``
     semaphore, which works on one event loop, so the eval must run on the loop the worker plays its episodes on."""
+
+
+class UnreadableToolCalls(SlimeSetupError):
+    """``--sglang-tool-call-parser`` doesn't read the tool calls the model's chat template writes, so every tool call
+    would reach the env as text."""
+
+
+class UnappendableChat(SlimeSetupError):
+    """``episode_append_only_chat: true`` was set, but the model's chat template can't be rendered append-only."""

@@ -53,8 +53,8 @@ def generate_rollout_fully_async(args: Namespace, rollout_id: int, data_source: 
         raise AppendOnlyChatNeeded(
             "slime's fully-async rollout takes one sample per episode, which slime_helper gives by rendering each "
             f"episode append-only, and it doesn't here: {APPEND_ONLY_SETTING} is false in --custom-config-path, or "
-            "the chat template of --hf-checkpoint isn't recognised as Qwen3's (the warning above says so). Leave "
-            f"{APPEND_ONLY_SETTING} on with a Qwen3 checkpoint, or train with slime's standard rollout (train.py "
+            "the chat template of --hf-checkpoint can't be rendered append-only (the warning above says why). Leave "
+            f"{APPEND_ONLY_SETTING} on with a template that can be, or train with slime's standard rollout (train.py "
             "without --rollout-function-path), which takes an episode of several samples"
         )
     if getattr(args, "eval_datasets", None) and api.load_function(args.eval_function_path) is api.generate_rollout:

@@ -6,8 +6,9 @@ Episode bounds are chat_core's defaults unless slime's ``--custom-config-path`` 
 ``episode_max_tool_calls_per_turn``, ``episode_model_deadline_s``, ``episode_env_call_deadline_s``,
 ``episode_max_chat_answer_bytes`` or ``episode_max_env_message_bytes`` (slime puts its keys on ``args``);
 ``episode_env_servers``, a list of URLs, names the pool of env servers that plays the rows (``chat_core.pool``);
-``episode_append_only_chat: false`` turns off the append-only rendering of Qwen3 chats that makes an episode one
-sample (``slime_helper.adapter``).
+``episode_append_only_chat`` overrides the rendering the helper picks from the chat template (``false``: each
+turn's whole chat; ``true``: append-only, which makes an episode one sample, or a refusal to start;
+``slime_helper.adapter``).
 
 Per sample: open a session on the process's adapter → play the row's episode through it (``chat_core.play``) →
 ``finish_session``: the turns the adapter recorded, as samples carrying the episode's reward, so slime runs no
@@ -15,7 +16,8 @@ reward model. An eval drops the session and returns one sample per episode, and 
 SGLang aborted (status ABORTED, which slime's fully-async worker plays again). Under
 ``slime_helper.generate_rollout_fully_async`` an episode is one sample, not a list. The episode's spans go on the
 sample's trace as they happen, and its outcome (``chat_core.EpisodeOutcome``) into every sample's metadata, with a
-``tool_calls_dropped`` flag for each reply whose tool calls beyond the first slime's adapter didn't pass on.
+``tool_calls_dropped`` flag for each reply whose tool calls beyond the first slime's adapter didn't pass on, and a
+``chat_template_failed`` flag with the template's message where the chat template couldn't render the chat.
 """
 
 from __future__ import annotations
@@ -73,10 +75,11 @@ async def generate(
 
     Raises MissingToolParser without ``--sglang-tool-call-parser``, chat_core's MissingFilter unless
     ``--dynamic-sampling-filter-path`` names one of this helper's filters, MissingEpisodeNormalization without
-    ``--custom-reward-post-process-path`` where slime normalises rewards per group, UnfilteredFullyAsync under slime's
-    fully-async worker named directly, UnsupportedSlime when slime lacks what the helper uses, and ValueError when
-    the sample's metadata isn't a row's or ``episode_append_only_chat`` isn't true or false. When cancelled, drops
-    the session, closes the episode without running its verifiers and re-raises."""
+    ``--custom-reward-post-process-path`` where slime normalises rewards per group, UnreadableToolCalls and
+    UnappendableChat where the chat template and the launch don't fit (``AdapterService``), UnfilteredFullyAsync
+    under slime's fully-async worker named directly, UnsupportedSlime when slime lacks what the helper uses, and
+    ValueError when the sample's metadata isn't a row's or ``episode_append_only_chat`` isn't true or false. When
+    cancelled, drops the session, closes the episode without running its verifiers and re-raises."""
     api = slime()
     one_per_episode = takes_one_sample_per_episode(args)
     if one_per_episode and not evaluation:
@@ -92,6 +95,8 @@ async def generate(
             episode_limits(args),
             trace=SampleTrace(sample),
         )
+        if (failure := service.template_failure(sid)) is not None:
+            result.flags = [_template_flag(flag, failure) for flag in result.flags]
         dropped = service.dropped_tool_calls(sid)
         aborted = any(flag.kind == FlagKind.REPLY_ABORTED for flag in result.flags)
         played = []
@@ -149,6 +154,12 @@ def _outcome(result: EpisodeResult, dropped: list[DroppedToolCalls]) -> EpisodeO
         flags=outcome.flags + tuple(Flag(FlagKind.TOOL_CALLS_DROPPED, reply.message) for reply in dropped),
         dropped_tool_calls=sum(reply.dropped for reply in dropped),
     )
+
+
+def _template_flag(flag: Flag, failure: str) -> Flag:
+    """``flag``, or, for the chat endpoint's refusal of a chat the template couldn't render, the template's
+    ``failure``."""
+    return Flag(FlagKind.CHAT_TEMPLATE_FAILED, failure) if flag.kind == FlagKind.SESSION_FAILED else flag
 
 
 def _metadata(sample: Any, outcome: EpisodeOutcome) -> dict[str, Any]:

