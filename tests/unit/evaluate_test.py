@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 from chat_core import OUTCOME_KEY
-from chat_core.evaluate import main, pass_at_k
-from chat_core.outcome import EpisodeOutcome
-from chat_core.prepare import write_rows
+from chat_core.evaluate.run import main, pass_at_k
+from chat_core.prepare.write import write_rows
+from chat_core.record.outcome import EpisodeOutcome
 from test_support import REWARDS, SCRIPTS, ScriptedModel, ServedBundle, delay, error, text
 
 pytest_plugins = ["test_support.pytest_plugin"]

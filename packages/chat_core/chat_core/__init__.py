@@ -1,12 +1,12 @@
 """The part of the trainer helpers that slime's and Miles' glue share: rows for a server's tasks
 (``python -m chat_core.prepare``); ``play``, which plays a row's episode with the trainer's model and returns its
 reward or the flags that say why it has none; the episode's outcome as both helpers keep it in a sample
-(``EpisodeOutcome``), and the rules their filters and metrics share (``chat_core.filters``, ``chat_core.metrics``).
-It needs only aiohttp, websockets, orjson and tqdm, so it installs into a trainer's environment without the env
-server's packages.
+(``EpisodeOutcome``), and the rules their filters and metrics share (``chat_core.record.filters``,
+``chat_core.record.metrics``). It needs only aiohttp, websockets, orjson and tqdm, so it installs into a trainer's
+environment without the env server's packages.
 
-The names below are loaded when first used, so a module that needs only the plain records (``chat_core.filters``,
-``chat_core.metrics``, ``chat_core.outcome``, ``chat_core.rows``) loads no network client."""
+The names below are loaded when first used, so a module that needs only the plain records (``chat_core.record.filters``,
+``chat_core.record.metrics``, ``chat_core.record.outcome``, ``chat_core.prepare.rows``) loads no network client."""
 
 from __future__ import annotations
 
@@ -14,27 +14,27 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _HOMES = {
-    "play": "chat_core.episode",
-    "EpisodeTrace": "chat_core.episode",
-    "ChatEndpoint": "chat_core.chat",
+    "play": "chat_core.episode.loop",
+    "EpisodeTrace": "chat_core.episode.loop",
+    "ChatEndpoint": "chat_core.episode.chat",
     "Limits": "chat_core.limits",
-    "FATAL": "chat_core.results",
-    "EpisodeResult": "chat_core.results",
-    "Flag": "chat_core.results",
-    "FlagKind": "chat_core.results",
-    "OUTCOME_KEY": "chat_core.outcome",
-    "EpisodeOutcome": "chat_core.outcome",
-    "MissingFilter": "chat_core.filters",
+    "FATAL": "chat_core.record.results",
+    "EpisodeResult": "chat_core.record.results",
+    "Flag": "chat_core.record.results",
+    "FlagKind": "chat_core.record.results",
+    "OUTCOME_KEY": "chat_core.record.outcome",
+    "EpisodeOutcome": "chat_core.record.outcome",
+    "MissingFilter": "chat_core.record.filters",
     "ENV_SERVERS_VARIABLE": "chat_core.limits",
-    "CapacityExhausted": "chat_core.errors",
-    "EnvCallTimeout": "chat_core.errors",
-    "EpisodeProtocolError": "chat_core.errors",
-    "InvalidServerUrl": "chat_core.errors",
-    "NotAnOpenEnvServer": "chat_core.errors",
-    "OpenEnvError": "chat_core.errors",
-    "ServerError": "chat_core.errors",
-    "ServerMismatch": "chat_core.errors",
-    "ServerUnreachable": "chat_core.errors",
+    "CapacityExhausted": "chat_core.env.errors",
+    "EnvCallTimeout": "chat_core.env.errors",
+    "EpisodeProtocolError": "chat_core.env.errors",
+    "InvalidServerUrl": "chat_core.env.errors",
+    "NotAnOpenEnvServer": "chat_core.env.errors",
+    "OpenEnvError": "chat_core.env.errors",
+    "ServerError": "chat_core.env.errors",
+    "ServerMismatch": "chat_core.env.errors",
+    "ServerUnreachable": "chat_core.env.errors",
 }
 __all__ = [
     "ENV_SERVERS_VARIABLE",
@@ -61,9 +61,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from chat_core.chat import ChatEndpoint
-    from chat_core.episode import EpisodeTrace, play
-    from chat_core.errors import (
+    from chat_core.env.errors import (
         CapacityExhausted,
         EnvCallTimeout,
         EpisodeProtocolError,
@@ -74,10 +72,12 @@ if TYPE_CHECKING:
         ServerMismatch,
         ServerUnreachable,
     )
-    from chat_core.filters import MissingFilter
+    from chat_core.episode.chat import ChatEndpoint
+    from chat_core.episode.loop import EpisodeTrace, play
     from chat_core.limits import ENV_SERVERS_VARIABLE, Limits
-    from chat_core.outcome import OUTCOME_KEY, EpisodeOutcome
-    from chat_core.results import FATAL, EpisodeResult, Flag, FlagKind
+    from chat_core.record.filters import MissingFilter
+    from chat_core.record.outcome import OUTCOME_KEY, EpisodeOutcome
+    from chat_core.record.results import FATAL, EpisodeResult, Flag, FlagKind
 
 
 def __getattr__(name: str) -> Any:

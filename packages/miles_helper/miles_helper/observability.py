@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from chat_core.metrics import eval_log_metrics, rollout_log_metrics
+from chat_core.record.metrics import eval_log_metrics, rollout_log_metrics
 from miles.utils.metric_utils import compute_rollout_step
 from miles.utils.tracking_utils import tracking
 
 
 def log_rollout(rollout_id: int, args: Any, samples: list, rollout_extra_metrics: Any, rollout_time: float) -> bool:
-    """Miles' ``--custom-rollout-log-function-path``: the step's per-episode metrics (``chat_core.metrics``) under
-    ``rollout/episode/``, at Miles' own ``rollout/step``. Returns False so Miles' default logging runs too."""
+    """Miles' ``--custom-rollout-log-function-path``: the step's per-episode metrics (``chat_core.record.metrics``)
+    under ``rollout/episode/``, at Miles' own ``rollout/step``. Returns False so Miles' default logging runs too."""
     metrics = rollout_log_metrics(samples)
     metrics["rollout/step"] = compute_rollout_step(args, rollout_id)
     tracking.log(args, metrics, step_key="rollout/step")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from chat_core import ChatEndpoint
-from chat_core.filters import require_filter
+from chat_core.record.filters import require_filter
 
 from slime_helper._slime import slime
 from slime_helper.append_only import AppendOnlyTokenizer, turn_session

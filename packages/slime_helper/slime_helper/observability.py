@@ -14,7 +14,7 @@ from argparse import Namespace
 from collections.abc import Iterator
 from typing import Any
 
-from chat_core.metrics import eval_log_metrics, rollout_log_metrics
+from chat_core.record.metrics import eval_log_metrics, rollout_log_metrics
 
 from slime_helper._slime import slime
 
@@ -40,8 +40,8 @@ class SampleTrace:
 def log_rollout(
     rollout_id: int, args: Namespace, samples: list, rollout_extra_metrics: Any, rollout_time: float
 ) -> bool:
-    """slime's ``--custom-rollout-log-function-path``: the step's per-episode metrics (``chat_core.metrics``) under
-    ``rollout/episode/``, at slime's own ``rollout/step``. Returns False so slime's default logging runs too."""
+    """slime's ``--custom-rollout-log-function-path``: the step's per-episode metrics (``chat_core.record.metrics``)
+    under ``rollout/episode/``, at slime's own ``rollout/step``. Returns False so slime's default logging runs too."""
     api = slime()
     metrics = rollout_log_metrics(samples)
     metrics["rollout/step"] = api.compute_rollout_step(args, rollout_id)

@@ -25,16 +25,16 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from chat_core._http import HttpError
 from chat_core._wire import described, encoded, excerpt, wire_text
-from chat_core.chat import ChatEndpoint, Reply, UnreadableReply, arguments_of, post, reply_of
-from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
+from chat_core.env.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
+from chat_core.env.pool import EnvPool, PooledSession, env_servers
+from chat_core.env.protocol import Observation
+from chat_core.env.session import CapacityWait, EpisodeSession
+from chat_core.episode.chat import ChatEndpoint, Reply, UnreadableReply, arguments_of, post, reply_of
 from chat_core.limits import Limits
-from chat_core.openenv_client import CapacityWait, EpisodeSession
-from chat_core.pool import EnvPool, PooledSession, env_servers
-from chat_core.protocol import Observation
-from chat_core.results import EpisodeResult, Flag, FlagKind, TurnCounts
-from chat_core.rows import EpisodeRef
+from chat_core.net.http_request import HttpError
+from chat_core.prepare.rows import EpisodeRef
+from chat_core.record.results import EpisodeResult, Flag, FlagKind, TurnCounts
 
 logger = logging.getLogger(__name__)
 END_TURN = "end_turn"

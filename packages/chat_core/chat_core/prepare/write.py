@@ -1,5 +1,5 @@
 """``python -m chat_core.prepare URL OUT`` writes every split of the OpenEnv server at URL as ``OUT/<split>.jsonl``,
-one row per task (see ``chat_core.rows``), for a trainer's dataset to read.
+one row per task (see ``chat_core.prepare.rows``), for a trainer's dataset to read.
 
 Pipeline: Task API (env name, splits, tasks) → one probe episode per distinct task for its first turn's tools →
 rows → a temporary folder beside OUT, renamed to OUT once every file is written, so OUT is whole or absent.
@@ -27,10 +27,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from chat_core._cli import positive_int
-from chat_core.errors import OpenEnvError
-from chat_core.openenv_client import MAX_TASK_API_ANSWER_BYTES, CapacityWait, OpenEnvServer, ProbeSession
-from chat_core.protocol import TaskInfo, Tool
-from chat_core.rows import row_line, task_row
+from chat_core.env.errors import OpenEnvError
+from chat_core.env.protocol import TaskInfo, Tool
+from chat_core.env.session import MAX_TASK_API_ANSWER_BYTES, CapacityWait, OpenEnvServer, ProbeSession
+from chat_core.prepare.rows import row_line, task_row
 
 DEFAULT_CONCURRENCY = 8
 
@@ -178,7 +178,3 @@ def _check_free(out: Path) -> None:
         raise FileExistsError(f"{out} already exists; give a folder that doesn't, so no rows are mixed or lost")
     if not out.parent.is_dir():
         raise FileNotFoundError(f"{out.parent} isn't a folder; create it first, then write the rows into {out}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,14 +29,14 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from chat_core._cli import positive_int
-from chat_core._http import HttpError
 from chat_core._wire import encoded, parse_json, wire_text
-from chat_core.chat import ChatEndpoint, post
-from chat_core.episode import RESERVED_BODY_KEYS, play
+from chat_core.episode.chat import ChatEndpoint, post
+from chat_core.episode.loop import RESERVED_BODY_KEYS, play
 from chat_core.limits import Limits
-from chat_core.metrics import episode_metrics
-from chat_core.outcome import OUTCOME_KEY, EpisodeOutcome
-from chat_core.rows import EpisodeRef
+from chat_core.net.http_request import HttpError
+from chat_core.prepare.rows import EpisodeRef
+from chat_core.record.metrics import episode_metrics
+from chat_core.record.outcome import OUTCOME_KEY, EpisodeOutcome
 
 DEFAULT_CONCURRENCY = 32
 EPISODES = "episodes.jsonl"
@@ -136,7 +136,7 @@ async def preflight(chat: ChatEndpoint, sampling: Mapping[str, Any]) -> None:
     """Send one tiny chat completion to ``chat``, so a wrong URL, model name or key stops the run before any
     episode: the run's own body with one short message, its token limit (``max_completion_tokens`` where the
     sampling names it, as newer hosted models take it, else ``max_tokens``) set to 1. Transient failures are retried
-    as the episode loop retries them (``chat_core.chat.post``) for up to a minute. Raises EvaluateError with the
+    as the episode loop retries them (``chat_core.episode.chat.post``) for up to a minute. Raises EvaluateError with the
     server's message, on one line, when the endpoint can't be reached or answers with an error."""
     limit = "max_completion_tokens" if "max_completion_tokens" in sampling else "max_tokens"
     body = {**sampling, "model": chat.model, "messages": [{"role": "user", "content": "Say OK."}], limit: 1}
@@ -253,7 +253,7 @@ async def _play_all(
 
 
 def summarize(records: Sequence[Mapping[str, Any]], samples: int) -> dict[str, Any]:
-    """Per split (in the order first seen): ``chat_core.metrics``' numbers, the episodes unscored by flag kind,
+    """Per split (in the order first seen): ``chat_core.record.metrics``' numbers, the episodes unscored by flag kind,
     ``turns_p50``, ``tool_calls_p50``, ``pass@k`` for each k up to ``samples`` (see ``pass_at_k``) and per task
     ``episodes``, ``reward_mean`` and ``reward_se`` over its scored episodes."""
     by_split: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
@@ -447,7 +447,3 @@ def _summary_of(run: Path) -> dict[str, Any]:
         return json.loads((run / SUMMARY).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise EvaluateError(f"--compare {run}: no summary of a finished run there ({e})") from None
-
-
-if __name__ == "__main__":
-    sys.exit(main())

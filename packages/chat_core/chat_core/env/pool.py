@@ -23,12 +23,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from chat_core.errors import CapacityExhausted, OpenEnvError, ServerMismatch, ServerUnreachable, SessionDropped
+from chat_core.env.errors import CapacityExhausted, OpenEnvError, ServerMismatch, ServerUnreachable, SessionDropped
+from chat_core.env.protocol import Observation, server_url
+from chat_core.env.session import CapacityWait, EpisodeSession, OpenEnvServer
 from chat_core.limits import ENV_SERVERS_VARIABLE, Limits
-from chat_core.openenv_client import CapacityWait, EpisodeSession, OpenEnvServer
-from chat_core.protocol import Observation, server_url
+from chat_core.prepare.rows import EpisodeRef
 from chat_core.retry import Backoff
-from chat_core.rows import EpisodeRef
 
 logger = logging.getLogger(__name__)
 REST = Backoff(first_s=1.0, max_s=30.0)

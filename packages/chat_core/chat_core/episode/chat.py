@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from chat_core._http import Answer, ConnectionRefused, check_url, request
 from chat_core._wire import excerpt, parse_json, wire_text
+from chat_core.net.http_request import Answer, ConnectionRefused, check_url, request
 from chat_core.retry import chat_retry_wait
 
 logger = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ class ChatEndpoint:
 
     def request_headers(self) -> dict[str, str]:
         """The headers of its chat requests: JSON bodies, and ``headers``. Raises ValueError when requests to
-        ``url`` with them can't be sent (see ``chat_core._http.check_url``)."""
+        ``url`` with them can't be sent (see ``chat_core.net.http_request.check_url``)."""
         headers = {"Content-Type": "application/json", "Accept": "application/json", **self.headers}
         check_url(self.url, headers)
         return headers
@@ -48,9 +48,9 @@ async def post(
     """The chat endpoint's answer to ``body`` (sent with ``headers``), read up to ``max_answer_bytes``. A refused
     connection and a retryable status (``chat_core.retry``) are tried again after the backoff, or the
     ``Retry-After`` seconds when longer (``chat_core.retry.chat_retry_wait``), while the wait ends before the
-    monotonic ``deadline``; ``retried`` is called
-    before each retry. Then the last answer is returned, whatever its status; raises ``chat_core._http``'s HttpError
-    (ConnectionRefused, AnswerTooLong) when the last attempt got no answer. The caller bounds the time."""
+    monotonic ``deadline``; ``retried`` is called before each retry. Then the last answer is returned, whatever its
+    status; raises ``chat_core.net.http_request``'s HttpError (ConnectionRefused, AnswerTooLong) when the last attempt
+    got no answer. The caller bounds the time."""
     attempt = 0
     while True:
         try:

@@ -1,9 +1,9 @@
 """A client for an OpenEnv server of agentenv tasks: its Task API over HTTP (``OpenEnvServer``), and one episode per
 WebSocket session (``EpisodeSession``; ``ProbeSession`` for ``prepare``'s probes).
 
-It speaks only the wire (JSON over HTTP and ``/ws``, read into ``chat_core.protocol``'s types), so it runs in a
+It speaks only the wire (JSON over HTTP and ``/ws``, read into ``chat_core.env.protocol``'s types), so it runs in a
 trainer's environment without the server's packages. Every way the server can fail a caller is one of
-``chat_core.errors``, so a caller can tell a server that isn't there from one that is full or one that answered
+``chat_core.env.errors``, so a caller can tell a server that isn't there from one that is full or one that answered
 outside the protocol."""
 
 from __future__ import annotations
@@ -16,11 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from chat_core._http import HttpError, MalformedAnswer, check_url, request
-from chat_core._net import park, unpark
-from chat_core._websocket import EnvSocket, HandshakeRefused, SessionEnded, Unreachable, open_session
 from chat_core._wire import described, encoded, excerpt, parse_json, wire_text
-from chat_core.errors import (
+from chat_core.env.errors import (
     CapacityExhausted,
     EnvCallTimeout,
     EpisodeProtocolError,
@@ -29,8 +26,11 @@ from chat_core.errors import (
     ServerUnreachable,
     SessionDropped,
 )
+from chat_core.env.protocol import CapacityRefusal, Observation, TaskInfo, server_url
 from chat_core.limits import MIB, Limits
-from chat_core.protocol import CapacityRefusal, Observation, TaskInfo, server_url
+from chat_core.net.connections import park, unpark
+from chat_core.net.env_socket import EnvSocket, HandshakeRefused, SessionEnded, Unreachable, open_session
+from chat_core.net.http_request import HttpError, MalformedAnswer, check_url, request
 from chat_core.retry import Backoff
 
 logger = logging.getLogger(__name__)
@@ -55,10 +55,10 @@ class CapacityWait:
 
 class OpenEnvServer:
     """The Task API of the OpenEnv server at ``url``: its env's name, splits and tasks, asked over the event loop's
-    HTTP client session (``chat_core._http``), each request bounded by ``timeout_s`` and each answer's body by
-    ``max_answer_bytes``. Every method raises ServerUnreachable when nothing answers, NotAnOpenEnvServer when what
-    answers isn't an OpenEnv server (an answer past the limit among them), and ServerError when the server refuses
-    or fails the request."""
+    HTTP client session (``chat_core.net.http_request``), each request bounded by ``timeout_s`` and each answer's
+    body by ``max_answer_bytes``. Every method raises ServerUnreachable when nothing answers, NotAnOpenEnvServer
+    when what answers isn't an OpenEnv server (an answer past the limit among them), and ServerError when the server
+    refuses or fails the request."""
 
     def __init__(
         self, url: str, *, timeout_s: float = _TASK_API_TIMEOUT_S, max_answer_bytes: int = MAX_TASK_API_ANSWER_BYTES
@@ -152,10 +152,10 @@ class EpisodeSession:
 
     The connection under it may have played an episode before: ``reset`` starts on a session the event loop has
     parked on the same server when it has one, and ``close`` parks the session for the next episode once the server
-    has ended this one (``done``) and nothing is left unread on it (``chat_core._net``). A session whose episode is
-    still open, whose last call failed or went unanswered, or on which the server sent more than it was asked, is
-    closed instead, so nothing of one episode is ever carried into another. ``reset``'s answer must be for the task
-    it asked for.
+    has ended this one (``done``) and nothing is left unread on it (``chat_core.net.connections``). A session whose
+    episode is still open, whose last call failed or went unanswered, or on which the server sent more than it was
+    asked, is closed instead, so nothing of one episode is ever carried into another. ``reset``'s answer must be for
+    the task it asked for.
 
     ``capacity_wait_s`` is how long ``reset`` waited for a free session, and ``max_sessions`` the server's limit on
     sessions when a refusal told it. ``call_deadline_s`` bounds each call's wait for its answer (each of reset's

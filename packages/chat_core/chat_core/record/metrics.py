@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from chat_core.outcome import EpisodeOutcome
+from chat_core.record.outcome import EpisodeOutcome
 
 
 def episode_metrics(outcomes: Sequence[EpisodeOutcome], samples: Sequence[int]) -> dict[str, float]:
