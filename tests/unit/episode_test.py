@@ -17,11 +17,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import chat_core.net.connections
+import chat_core.net.parking
 import pytest
 from chat_core import ChatEndpoint, EpisodeResult, FlagKind, Limits, play
 from chat_core.env.session import EpisodeSession
-from chat_core.net.connections import IDLE_S, http_session
+from chat_core.net.http_session import http_session
+from chat_core.net.parking import IDLE_S
 from chat_core.prepare.write import write_rows
 from test_support import (
     REWARDS,
@@ -237,7 +238,7 @@ def test_the_sessions_a_loop_parked_are_closed_with_it_leaving_nothing_unclosed(
 def test_a_session_whose_episode_is_still_open_is_closed_not_parked(
     sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel, monkeypatch: pytest.MonkeyPatch, ending: str
 ) -> None:
-    monkeypatch.setattr(chat_core.net.connections, "IDLE_S", 600.0)
+    monkeypatch.setattr(chat_core.net.parking, "IDLE_S", 600.0)
     limits = {"model_deadline": Limits(model_deadline_s=1), "env_deadline": Limits(env_call_deadline_s=1)}
     steps = [tool_call("wait_for_truck", {"seconds": 3}), delay(30, text("The truck came."))]
     scripted_model.script(steps, session=ending)
@@ -259,7 +260,7 @@ def test_a_session_whose_episode_is_still_open_is_closed_not_parked(
 def test_a_parked_session_the_server_dropped_is_replaced_by_a_new_one(
     tmp_path: Path, scripted_model: ScriptedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(chat_core.net.connections, "IDLE_S", 600.0)
+    monkeypatch.setattr(chat_core.net.parking, "IDLE_S", 600.0)
     port = free_port()
     for session in ("before", "after"):
         scripted_model.script(SCRIPTS["played"], session=session)
@@ -283,7 +284,7 @@ def test_a_session_answers_the_servers_pings_while_the_model_thinks_a_tool_runs_
 ) -> None:
     # A tool call longer than the ping timeout, with another after it: a call sent before the one ahead of it is
     # answered would have uvicorn stop reading the session, pongs included, until the slow one is done.
-    monkeypatch.setattr(chat_core.net.connections, "IDLE_S", 600.0)
+    monkeypatch.setattr(chat_core.net.parking, "IDLE_S", 600.0)
     slow_tools = tool_calls(tool_call("wait_for_truck", {"seconds": 1}), tool_call("find_crate", {"name": "pears"}))
     scripted_model.script([delay(2, slow_tools), delay(2, SCRIPTS["played"][-1])], session="slow")
     scripted_model.script(SCRIPTS["played"], session="next")

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import chat_core.net.connections
+import chat_core.net.settings
 import pytest
 from chat_core import ChatEndpoint, EpisodeResult, FlagKind, Limits, OpenEnvError, play
 from chat_core.prepare.write import write_rows
@@ -223,7 +223,7 @@ def test_a_chat_endpoint_whose_tls_cant_be_trusted_fails_the_episodes_chat(
 ) -> None:
     if not trusted:
         monkeypatch.delenv("SSL_CERT_FILE")
-        chat_core.net.connections.tls_context.cache_clear()
+        chat_core.net.settings.tls_context.cache_clear()
     port = raw_server_thread.serve(answering(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"), tls=trusted_tls)
     chat = ChatEndpoint(f"https://{host}:{port}/v1/chat/completions", "policy")
 
@@ -372,7 +372,7 @@ def test_an_env_server_whose_tls_cant_be_trusted_is_unreachable(
     raw_server_thread: ServerThread, trusted_tls: ssl.SSLContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("SSL_CERT_FILE")
-    chat_core.net.connections.tls_context.cache_clear()
+    chat_core.net.settings.tls_context.cache_clear()
     port = raw_server_thread.serve(env_session(after_list_tools()), tls=trusted_tls)
     chat = ChatEndpoint("http://127.0.0.1:9/v1/chat/completions", "policy")
 

@@ -9,7 +9,7 @@ import asyncio
 import ssl
 from collections.abc import Callable, Iterator
 
-import chat_core.net.connections
+import chat_core.net.settings
 import pytest
 from chat_core.net.env_socket import open_session
 from chat_core.net.http_request import ConnectionRefused, HttpError, check_url, request
@@ -87,7 +87,7 @@ def test_an_https_endpoint_whose_certificate_doesnt_hold_is_refused(
 ) -> None:
     if not trusted:
         monkeypatch.delenv("SSL_CERT_FILE")
-        chat_core.net.connections.tls_context.cache_clear()
+        chat_core.net.settings.tls_context.cache_clear()
     endpoint = Endpoint()
     port = raw_server_thread.serve(endpoint, tls=trusted_tls)
 
@@ -124,16 +124,16 @@ def proxied(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[int], None]]:
     def named(port: int) -> None:
         for name in ("HTTP_PROXY", "HTTPS_PROXY"):
             monkeypatch.setenv(name, f"http://agent:p%40ss@127.0.0.1:{port}")
-        monkeypatch.setenv(chat_core.net.connections.PROXY_FROM_ENV, "1")
+        monkeypatch.setenv(chat_core.net.settings.PROXY_FROM_ENV, "1")
         for name in ("http_proxy", "https_proxy", "all_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY"):
             monkeypatch.delenv(name, raising=False)
-        chat_core.net.connections.proxy_from_env.cache_clear()
-        chat_core.net.connections._environment_proxies.cache_clear()
+        chat_core.net.settings.proxy_from_env.cache_clear()
+        chat_core.net.settings._environment_proxies.cache_clear()
 
     yield named
     monkeypatch.undo()
-    chat_core.net.connections.proxy_from_env.cache_clear()
-    chat_core.net.connections._environment_proxies.cache_clear()
+    chat_core.net.settings.proxy_from_env.cache_clear()
+    chat_core.net.settings._environment_proxies.cache_clear()
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["http", "https-tunnel"])
@@ -163,10 +163,10 @@ def test_without_opting_in_or_for_a_host_no_proxy_names_requests_go_direct(
         proxied(proxy.port)
         if opt_in:
             monkeypatch.setenv("NO_PROXY", "localhost")
-            chat_core.net.connections._environment_proxies.cache_clear()
+            chat_core.net.settings._environment_proxies.cache_clear()
         else:
-            monkeypatch.delenv(chat_core.net.connections.PROXY_FROM_ENV)
-            chat_core.net.connections.proxy_from_env.cache_clear()
+            monkeypatch.delenv(chat_core.net.settings.PROXY_FROM_ENV)
+            chat_core.net.settings.proxy_from_env.cache_clear()
         endpoint = Endpoint()
         port = raw_server_thread.serve(endpoint)
 
@@ -180,7 +180,7 @@ def test_a_proxy_that_isnt_an_http_url_is_refused_up_front(
 ) -> None:
     proxied(1)
     monkeypatch.setenv("HTTPS_PROXY", "socks5://127.0.0.1:1080")
-    chat_core.net.connections._environment_proxies.cache_clear()
+    chat_core.net.settings._environment_proxies.cache_clear()
 
     with pytest.raises(ValueError, match="isn't an http:// URL"):
         check_url("https://api.example.com/v1/chat/completions", {})

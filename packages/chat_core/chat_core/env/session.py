@@ -28,9 +28,9 @@ from chat_core.env.errors import (
 )
 from chat_core.env.protocol import CapacityRefusal, Observation, TaskInfo, server_url
 from chat_core.limits import MIB, Limits
-from chat_core.net.connections import park, unpark
 from chat_core.net.env_socket import EnvSocket, HandshakeRefused, SessionEnded, Unreachable, open_session
 from chat_core.net.http_request import HttpError, MalformedAnswer, check_url, request
+from chat_core.net.parking import park, unpark
 from chat_core.retry import Backoff
 
 logger = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ class EpisodeSession:
 
     The connection under it may have played an episode before: ``reset`` starts on a session the event loop has
     parked on the same server when it has one, and ``close`` parks the session for the next episode once the server
-    has ended this one (``done``) and nothing is left unread on it (``chat_core.net.connections``). A session whose
+    has ended this one (``done``) and nothing is left unread on it (``chat_core.net.parking``). A session whose
     episode is still open, whose last call failed or went unanswered, or on which the server sent more than it was
     asked, is closed instead, so nothing of one episode is ever carried into another. ``reset``'s answer must be for
     the task it asked for.

@@ -26,7 +26,7 @@ from websockets.frames import DATA_OPCODES, CloseCode, Frame
 from websockets.protocol import State
 
 from chat_core._wire import described
-from chat_core.net.connections import proxy_for, tls_context
+from chat_core.net.settings import proxy_for, tls_context
 
 PING_INTERVAL_S = 20.0
 PING_TIMEOUT_S = 20.0

@@ -1,5 +1,5 @@
 """chat_core's HTTP requests (chat completions and the env server's Task API), made with aiohttp on the event loop's
-one client session (``chat_core.net.connections``), each answer's body read no further than its caller's limit.
+one client session (``chat_core.net.http_session``), each answer's body read no further than its caller's limit.
 
 aiohttp parses the answers (its C parser refuses malformed heads, bad chunk framing and over-long lines), undoes a
 content coding in bounded steps, keeps connections, speaks TLS and goes through a proxy. What it leaves to the
@@ -19,7 +19,8 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from chat_core._wire import described
-from chat_core.net.connections import MAX_HEAD_LINE_BYTES, MAX_HEADERS, http_session, proxy_for, tls_context
+from chat_core.net.http_session import MAX_HEAD_LINE_BYTES, MAX_HEADERS, http_session
+from chat_core.net.settings import proxy_for, tls_context
 
 
 class HttpError(Exception):
