@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 from chat_core import ServerError
-from chat_core.env.session import OpenEnvServer
+from chat_core.env.task_api import OpenEnvServer
+from chat_core.prepare.command import main
 from chat_core.prepare.rows import EpisodeRef
-from chat_core.prepare.write import main, write_rows
+from chat_core.prepare.write import write_rows
 from test_support import SAMPLE_ENV, ServedBundle
 from test_support.loopback import LoopbackServer, Request
 
@@ -243,7 +244,7 @@ def test_a_concurrency_below_one_is_a_usage_error(tmp_path: Path, capsys) -> Non
 def test_chat_core_loads_nothing_of_the_server() -> None:
     # chat_core runs in the trainer's environment, which has none of the env server's packages.
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, chat_core, chat_core.prepare.write; print(sorted(sys.modules))"],
+        [sys.executable, "-c", "import sys, chat_core, chat_core.prepare.command; print(sorted(sys.modules))"],
         capture_output=True,
         text=True,
         check=True,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 _HOMES = {
     "play": "chat_core.episode.loop",
-    "EpisodeTrace": "chat_core.episode.loop",
+    "EpisodeTrace": "chat_core.episode.tracing",
     "ChatEndpoint": "chat_core.episode.chat",
     "Limits": "chat_core.limits",
     "FATAL": "chat_core.record.results",
@@ -73,7 +73,8 @@ if TYPE_CHECKING:
         ServerUnreachable,
     )
     from chat_core.episode.chat import ChatEndpoint
-    from chat_core.episode.loop import EpisodeTrace, play
+    from chat_core.episode.loop import play
+    from chat_core.episode.tracing import EpisodeTrace
     from chat_core.limits import ENV_SERVERS_VARIABLE, Limits
     from chat_core.record.filters import MissingFilter
     from chat_core.record.outcome import OUTCOME_KEY, EpisodeOutcome

@@ -3,7 +3,7 @@ this file."""
 
 import sys
 
-from chat_core.evaluate.run import main
+from chat_core.evaluate.command import main
 
 if __name__ == "__main__":
     sys.exit(main())

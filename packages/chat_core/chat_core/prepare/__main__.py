@@ -2,7 +2,7 @@
 
 import sys
 
-from chat_core.prepare.write import main
+from chat_core.prepare.command import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,5 +1,5 @@
-"""``python -m chat_core.prepare URL OUT`` writes every split of the OpenEnv server at URL as ``OUT/<split>.jsonl``,
-one row per task (see ``chat_core.prepare.rows``), for a trainer's dataset to read.
+"""``write_rows`` writes every split of an OpenEnv server as ``OUT/<split>.jsonl``, one row per task (see
+``chat_core.prepare.rows``), for a trainer's dataset to read.
 
 Pipeline: Task API (env name, splits, tasks) → one probe episode per distinct task for its first turn's tools →
 rows → a temporary folder beside OUT, renamed to OUT once every file is written, so OUT is whole or absent.
@@ -14,22 +14,19 @@ limit; each worker probes its tasks one after another in one session (``ProbeSes
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import shutil
 import sys
-import time
 import uuid
 from collections import deque
 from pathlib import Path
 
 from tqdm import tqdm
 
-from chat_core._cli import positive_int
-from chat_core.env.errors import OpenEnvError
 from chat_core.env.protocol import TaskInfo, Tool
-from chat_core.env.session import MAX_TASK_API_ANSWER_BYTES, CapacityWait, OpenEnvServer, ProbeSession
+from chat_core.env.session import CapacityWait, ProbeSession
+from chat_core.env.task_api import MAX_TASK_API_ANSWER_BYTES, OpenEnvServer
 from chat_core.prepare.rows import row_line, task_row
 
 DEFAULT_CONCURRENCY = 8
@@ -89,39 +86,6 @@ async def write_rows(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return {split: len(tasks) for split, tasks in splits.items()}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The command: writes the rows and one summary line per split on stderr, and returns 0; or, on any refusal
-    ``write_rows`` documents, says why on stderr and returns 1 with nothing written."""
-    parser = argparse.ArgumentParser(
-        prog="python -m chat_core.prepare",
-        description="Write every split of an OpenEnv server of agentenv tasks as OUT/<split>.jsonl, one chat row "
-        "per task, for slime or Miles (--input-key messages --metadata-key metadata).",
-    )
-    parser.add_argument("url", help="the server's base URL, e.g. http://127.0.0.1:8000")
-    parser.add_argument(
-        "out", type=Path, help="the folder to create; it must not exist (relative to where `bazel run` was called)"
-    )
-    parser.add_argument(
-        "--concurrency",
-        type=positive_int,
-        default=DEFAULT_CONCURRENCY,
-        help="probe episodes open at once, at most the server's max_concurrent_envs "
-        f"(default {DEFAULT_CONCURRENCY}, the server's default)",
-    )
-    args = parser.parse_args(argv)
-    args.out = Path(os.environ.get("BUILD_WORKING_DIRECTORY", ".")) / args.out
-    began = time.monotonic()
-    try:
-        counts = asyncio.run(write_rows(args.url, args.out, concurrency=args.concurrency))
-    except (OpenEnvError, PrepareError, OSError) as e:
-        print(f"prepare: {e}", file=sys.stderr)
-        return 1
-    for split, count in counts.items():
-        print(f"prepare: split {split!r}: {count} rows in {args.out / f'{split}.jsonl'}", file=sys.stderr)
-    print(f"prepare: done in {time.monotonic() - began:.1f} s", file=sys.stderr)
-    return 0
 
 
 async def _first_turn_tools(

@@ -127,3 +127,10 @@ class EpisodeResult:
     def scored(self) -> bool:
         """Whether the reward can be trained on: the env gave one and no fatal flag was raised."""
         return self.reward is not None and not any(flag.fatal for flag in self.flags)
+
+    def flag(self, kind: FlagKind, message: str) -> None:
+        """Note that ``kind`` went wrong, as ``message`` says; a fatal kind leaves the episode without a reward."""
+        flag = Flag(kind, message)
+        self.flags.append(flag)
+        if flag.fatal:
+            self.reward = None
