@@ -10,6 +10,7 @@ its own watched from outside, so a client that froze would fail the test rather 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import os
@@ -24,6 +25,7 @@ from typing import Any
 import chat_core.net.settings
 import pytest
 from chat_core import ChatEndpoint, EpisodeResult, FlagKind, Limits, OpenEnvError, play
+from chat_core.net.env_socket import PING_INTERVAL_S, SEND_TIMEOUT_S, open_session
 from chat_core.prepare.write import write_rows
 from test_support import SCRIPTS, ScriptedModel, ServedBundle, delay, serve_bundle, text, tool_call
 from test_support.raw_servers import (
@@ -292,6 +294,7 @@ def after_list_tools(*frames: bytes, then_forever: bytes | None = None) -> Handl
     return env_session(then)
 
 
+PONGS_UNREAD = "pings while the model thinks, their pongs unread"
 ENV_CASES = {
     "a frame announcing 2**63 - 1 bytes": (
         after_list_tools(frame(TEXT, b"", length=2**63 - 1)), "max_env_message_bytes"
@@ -312,7 +315,7 @@ ENV_CASES = {
         after_list_tools(frame(TEXT, TOOLS), then_forever=frame(TEXT, b'{"type": "noise"}' + b" " * 65536)),
         "isn't an observation",
     ),
-    "pings while the model thinks, their pongs unread": (
+    PONGS_UNREAD: (
         after_list_tools(frame(TEXT, TOOLS), then_forever=frame(PING, b"p" * 125)), "read nothing of the session"
     ),
     "a reset answered for another task": (
@@ -338,6 +341,9 @@ def test_an_env_session_answering_outside_the_protocol_ends_the_episode_flagged(
     assert kinds(result.value) == [FlagKind.PROTOCOL_ERROR] and result.value.reward is None
     assert says in result.value.flags[0].message
     bounded(result)
+    # Each case ends by chat_core's own bound for it (the close deadline once the protocol is broken, SEND_TIMEOUT_S
+    # for pongs left unread), not by the keepalive ping that ends any stuck session after PING_INTERVAL_S.
+    assert result.seconds < PING_INTERVAL_S + (SEND_TIMEOUT_S if case == PONGS_UNREAD else 0)
 
 
 def _reset_answered_for(task: dict[str, Any]) -> Handler:
@@ -480,6 +486,45 @@ def test_a_session_whose_server_sent_more_than_asked_is_never_handed_to_the_next
     assert (first.reward, second.reward) == (0.0, 0.0)
     assert [len(scripted_model.requests_of(name)) for name in ("first", "second")] == [1, 1]
     assert sessions == 2
+
+
+def test_reading_stays_paused_for_unread_messages_when_the_sessions_own_writes_drain(
+    raw_server_thread: ServerThread,
+) -> None:
+    # The server floods messages nobody asked for, so the session stops reading at its queue's limit; meanwhile what
+    # the session writes backs up (the server reads nothing for a second) and then drains. Reading must still wait
+    # for the queue, or the flood pours into the process's memory while the episode waits on the model.
+    flood = frame(TEXT, b" " * 65536)
+    flooded_cap = 256 * MIB
+    sent = 8 * MIB
+
+    async def flooding_and_reading_late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await accept_websocket(reader, writer)
+
+        async def read_late() -> None:
+            await asyncio.sleep(1.0)
+            with contextlib.suppress(ConnectionError):
+                while await reader.read(MIB):
+                    pass
+
+        reading = asyncio.create_task(read_late())
+        for _ in range(flooded_cap // len(flood)):
+            writer.write(flood)
+            await writer.drain()
+        await reading
+
+    async def sends_while_flooded(port: int) -> None:
+        session = await open_session(f"ws://127.0.0.1:{port}/ws", max_message_bytes=LIMIT)
+        await asyncio.sleep(0.5)
+        await session.send(b'"' + b"a" * (sent - 2) + b'"')
+        await asyncio.sleep(1.5)
+        await session.close()
+
+    port = raw_server_thread.serve(flooding_and_reading_late)
+    result = watched(lambda: sends_while_flooded(port), BOUND_S)
+
+    # The message is held a few times over while it is framed and written; the flood would add up to 256 MiB.
+    assert result.peak_bytes < MAX_PEAK_BYTES + 4 * sent, f"the client held {result.peak_bytes / MIB:.0f} MiB at once"
 
 
 # The Task API, through prepare ------------------------------------------------------------------------------------

@@ -6,13 +6,18 @@ so it can be waited out. The hostile servers' tests hold what happens when a ser
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
+import tomllib
 from collections.abc import Callable, Iterator
+from importlib.metadata import version
+from pathlib import Path
 
 import chat_core.net.settings
 import pytest
 from chat_core.net.env_socket import open_session
 from chat_core.net.http_request import ConnectionRefused, HttpError, check_url, request
+from packaging.requirements import Requirement
 from test_support.proxy import Proxy, started_proxy
 from test_support.raw_servers import TEXT, ServerThread, accept_websocket, frame, read_frame
 from test_support.waits import free_port
@@ -128,12 +133,12 @@ def proxied(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[int], None]]:
         for name in ("http_proxy", "https_proxy", "all_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY"):
             monkeypatch.delenv(name, raising=False)
         chat_core.net.settings.proxy_from_env.cache_clear()
-        chat_core.net.settings._environment_proxies.cache_clear()
+        chat_core.net.settings.check_proxies.cache_clear()
 
     yield named
     monkeypatch.undo()
     chat_core.net.settings.proxy_from_env.cache_clear()
-    chat_core.net.settings._environment_proxies.cache_clear()
+    chat_core.net.settings.check_proxies.cache_clear()
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["http", "https-tunnel"])
@@ -163,7 +168,7 @@ def test_without_opting_in_or_for_a_host_no_proxy_names_requests_go_direct(
         proxied(proxy.port)
         if opt_in:
             monkeypatch.setenv("NO_PROXY", "localhost")
-            chat_core.net.settings._environment_proxies.cache_clear()
+            chat_core.net.settings.check_proxies.cache_clear()
         else:
             monkeypatch.delenv(chat_core.net.settings.PROXY_FROM_ENV)
             chat_core.net.settings.proxy_from_env.cache_clear()
@@ -180,7 +185,7 @@ def test_a_proxy_that_isnt_an_http_url_is_refused_up_front(
 ) -> None:
     proxied(1)
     monkeypatch.setenv("HTTPS_PROXY", "socks5://127.0.0.1:1080")
-    chat_core.net.settings._environment_proxies.cache_clear()
+    chat_core.net.settings.check_proxies.cache_clear()
 
     with pytest.raises(ValueError, match="isn't an http:// URL"):
         check_url("https://api.example.com/v1/chat/completions", {})
@@ -212,3 +217,14 @@ def test_with_the_proxy_opted_in_an_env_session_is_tunnelled_through_it(
     assert proxy.asked[0].split("\r\n")[0] == f"CONNECT localhost:{port} HTTP/1.1"
     assert "Proxy-Authorization: Basic YWdlbnQ6cEBzcw==" in proxy.asked[0].split("\r\n")
     raw_server_thread.run(proxy.close())
+
+
+def test_websockets_is_a_release_chat_cores_env_sessions_were_checked_against() -> None:
+    # chat_core.net.env_socket relies on websockets behaving as the releases its requirements admit do (a recv with
+    # a message queued returns it without waiting, its queue pauses reading through the transport it was given). On
+    # any other release, check that module's hooks against it (the hostile servers' tests), then widen the pin.
+    pyproject = Path(os.environ["TEST_SRCDIR"]) / "trainer_helpers" / "packages" / "chat_core" / "pyproject.toml"
+    requirements = [Requirement(line) for line in tomllib.loads(pyproject.read_text())["project"]["dependencies"]]
+    pinned = next(requirement.specifier for requirement in requirements if requirement.name == "websockets")
+
+    assert version("websockets") in pinned, f"websockets {version('websockets')} isn't in chat_core's pin {pinned}"

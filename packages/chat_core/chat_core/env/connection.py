@@ -47,7 +47,7 @@ class SessionConnection:
         answers doesn't open one, and as ``exchange`` does."""
         while (socket := unpark(self.url)) is not None:
             self._socket = socket
-            if socket.idle:
+            if await socket.idle():
                 try:
                     return await self._first_answer(message)
                 except SessionDropped:
@@ -71,7 +71,7 @@ class SessionConnection:
     async def park_or_close(self, *, episode_ended: bool) -> None:
         """Park the session when the server ended its episode (``episode_ended``) and nothing is left unread on it,
         else close it."""
-        if episode_ended and self._socket is not None and self._socket.idle:
+        if episode_ended and self._socket is not None and await self._socket.idle():
             socket, self._socket = self._socket, None
             await park(self.url, socket)
             return

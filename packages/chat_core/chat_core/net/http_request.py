@@ -20,7 +20,7 @@ import aiohttp
 
 from chat_core._wire import described
 from chat_core.net.http_session import MAX_HEAD_LINE_BYTES, MAX_HEADERS, http_session
-from chat_core.net.settings import proxy_for, tls_context
+from chat_core.net.settings import check_proxies, tls_context
 
 
 class HttpError(Exception):
@@ -52,7 +52,7 @@ class Answer:
 
 def check_url(url: str, headers: Mapping[str, str]) -> None:
     """Raise ValueError when requests to ``url`` with ``headers`` can't be sent: ``url`` isn't an absolute http(s)
-    URL, holds credentials, a header holds a line break, or the proxy the environment names for it (when
+    URL, holds credentials, a header holds a line break, or a proxy the environment names (when
     ``CHAT_CORE_PROXY_FROM_ENV=1``) isn't an http:// URL."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -61,7 +61,7 @@ def check_url(url: str, headers: Mapping[str, str]) -> None:
         raise ValueError(f"the URL {url!r} holds credentials; send them in a header instead")
     if any("\r" in text or "\n" in text for pair in headers.items() for text in pair):
         raise ValueError(f"a header for {url} holds a line break")
-    proxy_for(parts.scheme, parts.hostname)
+    check_proxies()
 
 
 async def request(
@@ -72,10 +72,6 @@ async def request(
     time. Raises ConnectionRefused when the endpoint refused the connection, AnswerTooLong when the body is longer
     than the limit, MalformedAnswer when what answered isn't HTTP/1.1, and HttpError when the request got no whole
     answer otherwise (its message says why: the certificate, a connection lost midway)."""
-    parts = urlsplit(url)
-    proxy = proxy_for(parts.scheme, parts.hostname or "")
-    if proxy is not None and parts.scheme == "http":
-        headers = {**headers, **proxy.headers}
     session = await http_session()
     try:
         async with session.request(
@@ -84,9 +80,7 @@ async def request(
             data=body,
             headers=headers,
             allow_redirects=False,
-            ssl=tls_context() if parts.scheme == "https" else True,
-            proxy=proxy.address if proxy else None,
-            proxy_headers=proxy.headers if proxy else None,
+            ssl=tls_context() if url.startswith("https:") else True,
         ) as response:
             return Answer(response.status, response.headers, await _body(response, max_body_bytes, limit_name))
     except aiohttp.ClientConnectorError as e:

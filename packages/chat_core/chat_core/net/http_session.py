@@ -9,6 +9,7 @@ import asyncio
 import aiohttp
 
 from chat_core.net.loop_end import at_loop_end
+from chat_core.net.settings import proxy_from_env
 
 KEEPALIVE_S = 4.0
 """How long an idle HTTP connection is kept: less than the 5 s after which uvicorn (SGLang, the env server) closes
@@ -27,7 +28,9 @@ async def http_session() -> aiohttp.ClientSession:
     """The running event loop's aiohttp client session: no limit on connections (the episodes in flight bound
     them), idle connections kept ``KEEPALIVE_S``, connects bounded by ``CONNECT_S``, answer heads by
     ``MAX_HEAD_LINE_BYTES`` and ``MAX_HEADERS``, no cookies kept (no endpoint chat_core talks to sets one, and
-    keeping them costs every request). Requests and their answers' bodies are bounded by their callers."""
+    keeping them costs every request), and the environment's proxy taken by aiohttp (``trust_env``) only when
+    ``CHAT_CORE_PROXY_FROM_ENV=1`` (``chat_core.net.settings``). Requests and their answers' bodies are bounded by
+    their callers."""
     loop = asyncio.get_running_loop()
     session = _sessions.get(loop)
     if session is None:
@@ -38,6 +41,7 @@ async def http_session() -> aiohttp.ClientSession:
             max_line_size=MAX_HEAD_LINE_BYTES,
             max_field_size=MAX_HEAD_LINE_BYTES,
             max_headers=MAX_HEADERS,
+            trust_env=proxy_from_env(),
         )
 
         async def close() -> None:

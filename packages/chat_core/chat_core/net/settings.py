@@ -1,22 +1,23 @@
-"""What chat_core's connections take from the process's environment, read once per process: the TLS certificates
-to trust, and the proxy, when ``CHAT_CORE_PROXY_FROM_ENV=1`` opts in.
+"""What chat_core's connections take from the process's environment: the TLS certificates to trust, and whether
+they take the environment's proxy.
 
-Connections go direct unless ``CHAT_CORE_PROXY_FROM_ENV=1``: then they take their proxy from ``HTTP_PROXY``,
-``HTTPS_PROXY``, ``ALL_PROXY`` and ``NO_PROXY``, read once per process, because looking it up scans the whole
-environment, which costs a connection more than the rest of it. Only http:// proxies are taken: an https endpoint
-and every env session are tunnelled through them with ``CONNECT``."""
+Connections go direct unless ``CHAT_CORE_PROXY_FROM_ENV=1``: then each library takes its proxy from the environment
+itself, aiohttp for HTTP requests (its session's ``trust_env``: ``HTTP_PROXY``, ``HTTPS_PROXY``, ``NO_PROXY``,
+credentials in the proxy's URL or ``~/.netrc``) and websockets for env sessions (``connect``'s ``proxy=True``: the
+same variables, ``HTTPS_PROXY`` first). chat_core takes http:// proxies only, through which an https endpoint and
+every env session are tunnelled with ``CONNECT``; any other is refused before the first request."""
 
 from __future__ import annotations
 
-import base64
 import functools
 import os
 import ssl
 import urllib.request
-from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 PROXY_FROM_ENV = "CHAT_CORE_PROXY_FROM_ENV"
+_PROXIED_SCHEMES = ("http", "https", "ws", "wss", "socks")
+"""The schemes whose proxy one of the two libraries takes from the environment."""
 
 
 @functools.cache
@@ -25,42 +26,20 @@ def proxy_from_env() -> bool:
     return os.environ.get(PROXY_FROM_ENV) == "1"
 
 
-@dataclass(frozen=True)
-class Proxy:
-    """An http:// proxy: its URL as the environment names it (credentials included), the URL without credentials,
-    and the header its credentials go in."""
-
-    url: str
-    address: str
-    headers: dict[str, str]
-
-
-def proxy_for(scheme: str, host: str) -> Proxy | None:
-    """The proxy connections to ``host`` over ``scheme`` (http, https; ws and wss take http's and https') go
-    through: the one the environment names when ``CHAT_CORE_PROXY_FROM_ENV=1`` and ``NO_PROXY`` doesn't leave
-    ``host`` out, else None. Raises ValueError when that proxy isn't an http:// URL."""
-    if not proxy_from_env():
-        return None
-    scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)
-    proxies = _environment_proxies()
-    url = proxies.get(scheme) or proxies.get("all")
-    if not url or urllib.request.proxy_bypass_environment(host, proxies):
-        return None
-    url = url if "://" in url else f"http://{url}"
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"the proxy {url!r} for {scheme}:// URLs isn't an http:// URL, the one kind chat_core takes")
-    headers = {}
-    if parts.username is not None:
-        credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
-        headers["Proxy-Authorization"] = "Basic " + base64.b64encode(credentials).decode()
-    address = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
-    return Proxy(url, address, headers)
-
-
 @functools.cache
-def _environment_proxies() -> dict[str, str]:
-    return urllib.request.getproxies_environment()
+def check_proxies() -> None:
+    """Raise ValueError when connections take the environment's proxy and it names one that isn't an http:// URL,
+    which neither library would tunnel through as chat_core expects. Read once per process."""
+    if not proxy_from_env():
+        return
+    proxies = urllib.request.getproxies()
+    for scheme in _PROXIED_SCHEMES:
+        proxy = proxies.get(scheme)
+        if proxy is not None and (urlsplit(proxy).scheme != "http" or not urlsplit(proxy).hostname):
+            raise ValueError(
+                f"the environment names the proxy {proxy!r} for {scheme}:// URLs, which isn't an http:// URL, the "
+                "one kind chat_core takes: write it as http://HOST:PORT"
+            )
 
 
 @functools.cache
