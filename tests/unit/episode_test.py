@@ -799,6 +799,31 @@ def test_a_reward_that_isnt_finite_is_no_reward(scripted_model: ScriptedModel) -
     assert _kinds(result) == [FlagKind.NO_REWARD]
 
 
+def test_a_tool_argument_past_64_bits_reaches_the_env_as_the_model_wrote_it(scripted_model: ScriptedModel) -> None:
+    # Python writes integers of any size, and so may a model; read as the nearest float, the serial number below
+    # would reach the env as 1.2345678901234568e+29.
+    arguments = {"serial": 123456789012345678901234567890, "offset": -9223372036854775809}
+    called: list[dict[str, Any]] = []
+
+    def env(data: dict[str, Any]) -> dict[str, Any]:
+        if data["type"] == "list_tools":
+            tools = [{"name": "stamp", "input_schema": {"type": "object"}}]
+            return {"type": "observation", "data": {"observation": {"tools": tools}, "done": False}}
+        called.append(data["arguments"])
+        return {"type": "observation", "data": {"observation": {}, "done": True, "reward": 1.0}}
+
+    scripted_model.script([tool_call("stamp", arguments)], session="fake")
+
+    async def scenario() -> EpisodeResult:
+        async with _fake_env(env) as url:
+            return await play(_fake_row(url), _chat(scripted_model, "fake"), {}, Limits())
+
+    result = asyncio.run(scenario())
+
+    assert result.scored and called == [arguments]
+    assert [type(value) for value in called[0].values()] == [int, int]
+
+
 def test_metadata_prepare_didnt_write_is_refused_up_front() -> None:
     chat = ChatEndpoint("http://127.0.0.1:1/v1/chat/completions", "policy")
 
@@ -827,20 +852,24 @@ def _play_on_fake_env(answer: Any, model: ScriptedModel) -> EpisodeResult:
 
     async def scenario() -> EpisodeResult:
         async with _fake_env(answer) as url:
-            metadata = {
-                "episode": {"split": "all", "index": 0, "task_id": "fake", "task_name": "fake"},
-                "server": {"url": url, "env_name": "fake"},
-                "tools": [],
-            }
-            return await play(metadata, _chat(model, "fake"), {}, Limits())
+            return await play(_fake_row(url), _chat(model, "fake"), {}, Limits())
 
     return asyncio.run(scenario())
+
+
+def _fake_row(url: str) -> dict[str, Any]:
+    """The metadata of a row of the task ``fake`` on the server at ``url``."""
+    return {
+        "episode": {"split": "all", "index": 0, "task_id": "fake", "task_name": "fake"},
+        "server": {"url": url, "env_name": "fake"},
+        "tools": [],
+    }
 
 
 @asynccontextmanager
 async def _fake_env(answer: Any):
     """A WebSocket server that starts the task ``fake`` and answers every later message with ``answer``: a frame,
-    text that isn't JSON, or (None) a closed connection."""
+    text that isn't JSON, (None) a closed connection, or a function of the message's ``data`` giving the frame."""
 
     async def session(ws: ServerConnection) -> None:
         async for message in ws:
@@ -861,6 +890,8 @@ async def _fake_env(answer: Any):
                 )
             elif answer is None:
                 return
+            elif callable(answer):
+                await ws.send(json.dumps(answer(json.loads(message)["data"])))
             else:
                 await ws.send(answer if isinstance(answer, str) else json.dumps(answer))
 
