@@ -16,6 +16,10 @@ from typing import Any
 
 import orjson
 
+FLAG_EXCERPT = 500
+"""How many characters of what a model or a server sent an episode's flag quotes, enough to see what is wrong in a
+reply."""
+
 
 def wire_text(raw: bytes) -> str:
     """What a server or a model sent, as text for an error message: undecodable bytes replaced, never refused."""

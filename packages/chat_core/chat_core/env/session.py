@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from chat_core._wire import encoded
@@ -26,13 +26,16 @@ logger = logging.getLogger(__name__)
 _DEFAULT_MESSAGE_BYTES = Limits.max_env_message_bytes
 
 
+CAPACITY_BACKOFF = Backoff(first_s=0.25, max_s=8.0)
+"""How often a full server is asked again for a free session."""
+
+
 @dataclass(frozen=True)
 class CapacityWait:
-    """How long a new session waits for a free one when the server is full: up to ``total_s`` in all, retrying as
-    ``backoff`` says."""
+    """How long a new session waits for a free one when the server is full: up to ``total_s`` in all, asking again
+    as ``CAPACITY_BACKOFF`` says."""
 
-    total_s: float = 600.0
-    backoff: Backoff = field(default_factory=lambda: Backoff(first_s=0.25, max_s=8.0))
+    total_s: float = Limits.capacity_wait_s
 
     def __post_init__(self) -> None:
         if self.total_s < 0:
@@ -87,8 +90,8 @@ class EpisodeSession:
 
     async def reset(self, split: str, index: int) -> Observation:
         """Start task ``index`` of ``split``: the first turn's prompts in ``metadata``, or, when the server couldn't
-        start it, an observation that is ``done`` with its ``error``. While the server is at capacity it retries as
-        ``capacity_wait`` says, then raises CapacityExhausted; the time spent is added to ``capacity_wait_s``.
+        start it, an observation that is ``done`` with its ``error``. While the server is at capacity it asks again for
+        up to ``capacity_wait``, then raises CapacityExhausted; the time spent is added to ``capacity_wait_s``.
         Raises ServerUnreachable when the server can't be reached, EpisodeProtocolError when it answers outside the
         protocol (an answer for another task among them), EnvCallTimeout when an attempt goes unanswered past
         ``call_deadline_s``, and RuntimeError when the session has already reset or closed: a session plays one
@@ -126,7 +129,7 @@ class EpisodeSession:
                     refusal.max_sessions if refusal.max_sessions is not None else "all its",
                     self._capacity_wait.total_s,
                 )
-            pause = min(self._capacity_wait.backoff.wait(attempt), self._capacity_wait.total_s - waited)
+            pause = min(CAPACITY_BACKOFF.wait(attempt), self._capacity_wait.total_s - waited)
             attempt += 1
             await asyncio.sleep(pause)
 

@@ -14,24 +14,22 @@ from chat_core.env.protocol import TaskInfo, server_url
 from chat_core.limits import MIB
 from chat_core.net.http_request import HttpError, MalformedAnswer, check_url, request
 
-_TASK_API_TIMEOUT_S = 60.0
+TASK_API_TIMEOUT_S = 60.0
+"""How long a Task API request may go unanswered."""
 MAX_TASK_API_ANSWER_BYTES = 64 * MIB
 """The longest Task API answer read: a split's task list holds every task's prompts."""
 
 
 class OpenEnvServer:
     """The Task API of the OpenEnv server at ``url``: its env's name, splits and tasks, asked over the event loop's
-    HTTP client session (``chat_core.net.http_request``), each request bounded by ``timeout_s`` and each answer's
-    body by ``max_answer_bytes``. Every method raises ServerUnreachable when nothing answers, NotAnOpenEnvServer
-    when what answers isn't an OpenEnv server (an answer past the limit among them), and ServerError when the server
-    refuses or fails the request."""
+    HTTP client session (``chat_core.net.http_request``), each request bounded by ``TASK_API_TIMEOUT_S`` and each
+    answer's body by ``max_answer_bytes``. Every method raises ServerUnreachable when nothing answers,
+    NotAnOpenEnvServer when what answers isn't an OpenEnv server (an answer past the limit among them), and
+    ServerError when the server refuses or fails the request."""
 
-    def __init__(
-        self, url: str, *, timeout_s: float = _TASK_API_TIMEOUT_S, max_answer_bytes: int = MAX_TASK_API_ANSWER_BYTES
-    ):
+    def __init__(self, url: str, *, max_answer_bytes: int = MAX_TASK_API_ANSWER_BYTES):
         """Raises InvalidServerUrl when ``url`` isn't an absolute http(s) URL."""
         self.url = server_url(url)
-        self._timeout_s = timeout_s
         self._max_answer_bytes = max_answer_bytes
         self._env_name: str | None = None
 
@@ -76,7 +74,7 @@ class OpenEnvServer:
         url = self.url + path
         try:
             check_url(url, headers)
-            async with asyncio.timeout(self._timeout_s):
+            async with asyncio.timeout(TASK_API_TIMEOUT_S):
                 answer = await request(
                     method,
                     url,
@@ -87,7 +85,7 @@ class OpenEnvServer:
                 )
         except TimeoutError:
             raise ServerUnreachable(
-                f"{self.url} didn't answer within {self._timeout_s:g} s when asked for {what}"
+                f"{self.url} didn't answer within {TASK_API_TIMEOUT_S:g} s when asked for {what}"
             ) from None
         except MalformedAnswer as e:
             raise NotAnOpenEnvServer(f"{self.url} {method} {path} for {what}: {e}") from None

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from chat_core._wire import described, encoded, excerpt, wire_text
+from chat_core._wire import FLAG_EXCERPT, described, encoded, excerpt, wire_text
 from chat_core.env.protocol import Tool
 from chat_core.episode.chat import ChatEndpoint, Reply, UnreadableReply, post, reply_of
 from chat_core.episode.tracing import EpisodeTrace
@@ -22,7 +22,12 @@ from chat_core.record.results import EpisodeResult, FlagKind
 
 RESERVED_BODY_KEYS = frozenset({"model", "messages", "tools"})
 """The chat body's keys ``play`` sends itself, which the sampling settings may not set."""
-_TEXT_LIMIT = 500
+
+
+def check_sampling(sampling: Mapping[str, Any]) -> None:
+    """Raise ValueError when ``sampling`` sets a key of the chat body that every request sends itself."""
+    if clash := sorted(RESERVED_BODY_KEYS & set(sampling)):
+        raise ValueError(f"the sampling sets {', '.join(clash)}, which every chat request sends itself; leave them out")
 
 
 class Conversation:
@@ -97,7 +102,7 @@ class Conversation:
         if answer.status >= 400:
             self._failed(
                 f"the chat endpoint {self._chat.url} answered HTTP {answer.status}: "
-                f"{excerpt(wire_text(answer.body), _TEXT_LIMIT)}{self._retries()}"
+                f"{excerpt(wire_text(answer.body), FLAG_EXCERPT)}{self._retries()}"
             )
             return None
         try:

@@ -19,13 +19,13 @@ import time
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
-from chat_core._wire import encoded, excerpt
+from chat_core._wire import FLAG_EXCERPT, encoded, excerpt
 from chat_core.env.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
 from chat_core.env.pool import EnvPool, PooledSession, env_servers
 from chat_core.env.protocol import Observation
 from chat_core.env.session import CapacityWait, EpisodeSession
 from chat_core.episode.chat import ChatEndpoint, Reply, arguments_of
-from chat_core.episode.conversation import RESERVED_BODY_KEYS, Conversation
+from chat_core.episode.conversation import Conversation, check_sampling
 from chat_core.episode.tracing import NO_TRACE, EpisodeTrace
 from chat_core.limits import Limits
 from chat_core.prepare.rows import EpisodeRef
@@ -33,7 +33,6 @@ from chat_core.record.results import EpisodeResult, FlagKind, TurnCounts
 
 logger = logging.getLogger(__name__)
 END_TURN = "end_turn"
-_TEXT_LIMIT = 500
 
 Session = EpisodeSession | PooledSession
 
@@ -57,8 +56,7 @@ async def play(
     server of the launch's pool serves another env or other tasks than the row's. When cancelled, closes the env
     session, so the server abandons the episode without running its verifiers, and re-raises."""
     episode = EpisodeRef.from_metadata(metadata)
-    if clash := sorted(RESERVED_BODY_KEYS & set(sampling)):
-        raise ValueError(f"sampling sets {', '.join(clash)}, which play sends itself; leave them out")
+    check_sampling(sampling)
     game = _Episode(episode, chat, sampling, limits, trace or NO_TRACE)
     began = time.monotonic()
     session: Session
@@ -169,7 +167,7 @@ class _Episode:
         if not isinstance(opened, dict) or not isinstance(opened.get("prompt"), str):
             self.result.flag(
                 FlagKind.PROTOCOL_ERROR,
-                f"end_turn neither ended the episode nor opened a turn: {excerpt(ended.body, _TEXT_LIMIT)}",
+                f"end_turn neither ended the episode nor opened a turn: {excerpt(ended.body, FLAG_EXCERPT)}",
             )
             return False
         self._open_turn(opened)
@@ -303,7 +301,7 @@ def _end_turn_arguments(arguments: dict[str, Any] | str, text: str) -> dict[str,
     response = arguments.get("response", text)
     if isinstance(response, str):
         return {"response": response}
-    return f'end_turn takes {{"response": string}}, not a response of {excerpt(response, _TEXT_LIMIT)}'
+    return f'end_turn takes {{"response": string}}, not a response of {excerpt(response, FLAG_EXCERPT)}'
 
 
 def _tool_answer(answered: Observation) -> tuple[str, bool]:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from chat_core._wire import encoded, wire_text
+from chat_core._wire import FLAG_EXCERPT, encoded, wire_text
 from chat_core.episode.chat import ChatEndpoint, post
 from chat_core.evaluate.errors import EvaluateError
 from chat_core.limits import Limits
@@ -47,5 +47,5 @@ async def preflight(chat: ChatEndpoint, sampling: Mapping[str, Any]) -> None:
     if answer.status >= 400:
         raise EvaluateError(
             f"the model endpoint {chat.url} answered the pre-flight request for model {chat.model!r} with "
-            f"HTTP {answer.status}: {' '.join(wire_text(answer.body).split())[:500]}"
+            f"HTTP {answer.status}: {' '.join(wire_text(answer.body).split())[:FLAG_EXCERPT]}"
         )

@@ -19,7 +19,8 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from chat_core.episode.chat import ChatEndpoint
-from chat_core.episode.loop import RESERVED_BODY_KEYS, play
+from chat_core.episode.conversation import check_sampling
+from chat_core.episode.loop import play
 from chat_core.evaluate.errors import EvaluateError
 from chat_core.evaluate.preflight import preflight
 from chat_core.evaluate.records import EPISODES, append_record, new_record, read_records
@@ -71,8 +72,7 @@ async def evaluate(
     when ``samples`` or ``run.concurrency`` is below 1, or ``run.sampling`` sets a key every request sends itself."""
     if samples < 1 or run.concurrency < 1:
         raise ValueError(f"samples and concurrency must be at least 1, not {samples} and {run.concurrency}")
-    if clash := sorted(RESERVED_BODY_KEYS & set(run.sampling)):
-        raise ValueError(f"the sampling sets {', '.join(clash)}, which every request sends itself; leave them out")
+    check_sampling(run.sampling)
     if not resume and out.exists() and any(out.iterdir()):
         raise EvaluateError(f"{out} already holds files; give an empty or new folder, or --resume to go on with it")
     done = read_records(out)

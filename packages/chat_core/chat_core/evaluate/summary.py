@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from chat_core.record.metrics import episode_metrics
+from chat_core.record.metrics import episode_metrics, reward_mean_se
 from chat_core.record.outcome import EpisodeOutcome
 
 SUMMARY = "summary.json"
@@ -67,12 +67,8 @@ def _pass_at(passes: Sequence[tuple[int, int]], k: int) -> float | None:
 
 
 def _mean_se(outcomes: Sequence[EpisodeOutcome]) -> dict[str, float]:
-    rewards = [outcome.reward for outcome in outcomes if outcome.scored]
-    numbers = {"episodes": float(len(outcomes))}
-    if rewards:
-        numbers["reward_mean"] = statistics.fmean(rewards)
-        numbers["reward_se"] = statistics.stdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else 0.0
-    return numbers
+    rewards = [outcome.reward for outcome in outcomes if outcome.scored and outcome.reward is not None]
+    return {"episodes": float(len(outcomes)), **reward_mean_se(rewards)}
 
 
 def table(summary: Mapping[str, Any]) -> str:

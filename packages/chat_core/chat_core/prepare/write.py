@@ -25,7 +25,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from chat_core.env.protocol import TaskInfo, Tool
-from chat_core.env.session import CapacityWait, ProbeSession
+from chat_core.env.session import ProbeSession
 from chat_core.env.task_api import MAX_TASK_API_ANSWER_BYTES, OpenEnvServer
 from chat_core.prepare.rows import row_line, task_row
 
@@ -42,15 +42,14 @@ async def write_rows(
     out: Path,
     *,
     concurrency: int = DEFAULT_CONCURRENCY,
-    capacity_wait: CapacityWait | None = None,
     progress: bool = True,
     max_answer_bytes: int = MAX_TASK_API_ANSWER_BYTES,
 ) -> dict[str, int]:
     """Write every split of the server at ``url`` as ``out/<split>.jsonl`` and return each split's row count, in
-    the server's split order. Probes run at most ``concurrency`` at a time, each waiting for a free session as
-    ``capacity_wait`` says; ``progress`` shows a progress bar on stderr. A Task API answer longer than
-    ``max_answer_bytes`` and a session message longer than ``Limits.max_env_message_bytes`` are refused as the
-    server breaking the protocol.
+    the server's split order. Probes run at most ``concurrency`` at a time, each waiting up to
+    ``Limits.capacity_wait_s`` for a free session; ``progress`` shows a progress bar on stderr. A Task API answer
+    longer than ``max_answer_bytes`` and a session message longer than ``Limits.max_env_message_bytes`` are refused
+    as the server breaking the protocol.
 
     Nothing is left at ``out`` unless every file was written. Raises FileExistsError when ``out`` exists,
     FileNotFoundError when its parent folder doesn't, ValueError when ``concurrency`` is below 1, the
@@ -65,12 +64,12 @@ async def write_rows(
     env_name = await server.env_name()
     splits = {split: await server.tasks(split) for split in await server.splits()}
     for split in splits:
-        if split in ("", ".", "..") or "/" in split or "\0" in split or split.startswith("."):
+        if not split or "/" in split or "\0" in split or split.startswith("."):
             raise PrepareError(f"the server has a split named {split!r}, which can't be a file name in {out}")
     if not any(splits.values()):
         raise PrepareError(f"{server.url} serves no task: its splits ({', '.join(splits) or 'none'}) are empty")
     distinct = list({task.id: task for tasks in splits.values() for task in tasks}.values())
-    tools = await _first_turn_tools(server.url, distinct, concurrency, capacity_wait, progress)
+    tools = await _first_turn_tools(server.url, distinct, concurrency, progress)
     _check_free(out)
     staging = out.with_name(f".{out.name}.{uuid.uuid4().hex}.partial")
     staging.mkdir()
@@ -88,9 +87,7 @@ async def write_rows(
     return {split: len(tasks) for split, tasks in splits.items()}
 
 
-async def _first_turn_tools(
-    url: str, tasks: list[TaskInfo], concurrency: int, capacity_wait: CapacityWait | None, progress: bool
-) -> dict[str, list[Tool]]:
+async def _first_turn_tools(url: str, tasks: list[TaskInfo], concurrency: int, progress: bool) -> dict[str, list[Tool]]:
     """Each task's first-turn tools by task id, probed by workers, each in one session, that stop, beyond the
     server's session limit once a refusal reports it, after their current probe. The first failure cancels the
     other probes and is raised."""
@@ -100,7 +97,7 @@ async def _first_turn_tools(
 
     async def work(slot: int) -> None:
         nonlocal allowed
-        async with ProbeSession(url, capacity_wait=capacity_wait) as session:
+        async with ProbeSession(url) as session:
             while pending and slot < allowed:
                 task = pending.popleft()
                 found[task.id] = await _probed(session, task)
