@@ -390,6 +390,24 @@ def test_a_tool_call_without_an_id_and_with_arguments_as_an_object_is_run(
     }
 
 
+def test_tool_calls_without_ids_get_ids_no_other_call_of_the_episode_has(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    # A model whose calls carry no id would otherwise have each reply's first call answered as the one before it:
+    # the chat template puts each tool message under the call whose id it names.
+    def without_id(name: str) -> Any:
+        call = {"type": "function", "function": {"name": name, "arguments": '{"name": "pears"}'}}
+        return _as_sent({"role": "assistant", "content": None, "tool_calls": [call]})
+
+    steps = [without_id("find_crate"), without_id("find_crate"), *SCRIPTS["played"][1:]]
+
+    result = _play(sample_env, rows["played"], scripted_model, steps)
+
+    called = [call["id"] for message in result.transcript for call in message.get("tool_calls", [])]
+    answered = [message["tool_call_id"] for message in result.transcript if message["role"] == "tool"]
+    assert len(called) == 2 and len(set(called)) == 2 and answered == called
+
+
 def test_a_reply_in_text_parts_is_read_and_kept_without_empty_fields(
     sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
 ) -> None:

@@ -181,6 +181,36 @@ def test_a_wrong_key_or_model_stops_the_run_before_any_episode(
     assert len(model.requests) == 1 and not (tmp_path / "run" / "episodes.jsonl").exists()
 
 
+def test_the_pre_flight_limits_the_reply_by_the_token_limit_the_sampling_names(
+    rows: Path, model: ScriptedModel, tmp_path: Path
+) -> None:
+    # Newer hosted models refuse max_tokens beside max_completion_tokens; the pre-flight must send what the run does.
+    model.script([error(404)])
+
+    main(_args(rows, model, tmp_path / "run", "--sampling", '{"max_completion_tokens": 256}'))
+
+    (preflight,) = model.requests
+    assert preflight.body["max_completion_tokens"] == 1 and "max_tokens" not in preflight.body
+
+
+def test_resuming_a_folder_of_another_models_episodes_is_refused(
+    sample_env: ServedBundle, rows: Path, model: ScriptedModel, tmp_path: Path, capsys
+) -> None:
+    # Their rewards would be summed into this model's summary as if it had played them.
+    one = _only(rows, tmp_path / "rows", "reply_only")
+    model.script([text("A banana.")] * 2, session=f"{_prompts(rows)['reply_only']}#0")
+    assert main(_args(one, model, tmp_path / "run")) == 0
+    before = _records(tmp_path / "run")
+    capsys.readouterr()
+
+    other = [str(one), "--model-url", model.base_url, "--model", "other", "--out", str(tmp_path / "run"), "--resume"]
+    assert main(other) == 1
+
+    err = capsys.readouterr().err
+    assert "holds episodes of model policy, not 'other'" in err and err.count("\n") == 1
+    assert _records(tmp_path / "run") == before
+
+
 def test_an_endpoint_refusing_connections_stops_the_run(rows: Path, tmp_path: Path, capsys) -> None:
     code = main(
         [str(rows), "--model-url", "http://127.0.0.1:1/v1", "--model", "policy", "--out", str(tmp_path / "run")]

@@ -26,7 +26,7 @@ import chat_core.net.settings
 import pytest
 from chat_core import ChatEndpoint, EpisodeResult, FlagKind, Limits, OpenEnvError, play
 from chat_core.net.env_socket import PING_INTERVAL_S, SEND_TIMEOUT_S, open_session
-from chat_core.prepare.write import write_rows
+from chat_core.prepare.write import PrepareError, write_rows
 from test_support import SCRIPTS, ScriptedModel, ServedBundle, delay, serve_bundle, text, tool_call
 from test_support.raw_servers import (
     CLOSE,
@@ -127,9 +127,10 @@ CHAT_CASES = {
     "a status line that isn't one": (answering(b"HELLO THERE\r\n\r\n"), "status"),
     "a head that never ends": (answering(OK, then_forever=b"X-Filler: " + b"a" * 100 + b"\r\n"), "MAX_HEADERS=128"),
     "a header line that never ends": (answering(OK + b"X-Filler: ", then_forever=b"a" * 4096), "MAX_HEAD_LINE_BYTES"),
+    # Refused by its announced length alone: no byte of the body ever comes.
     "a body announced at 1 TiB": (
-        answering(OK + b"Content-Length: 1099511627776\r\n\r\n", then_forever=b"a" * 4096),
-        "max_chat_answer_bytes",
+        answering(OK + b"Content-Length: 1099511627776\r\n\r\n"),
+        "announced a body of 1099511627776 bytes, over max_chat_answer_bytes",
     ),
     "a body without end": (
         answering(OK + b"Connection: close\r\n\r\n", then_forever=b"a" * 4096),
@@ -595,6 +596,37 @@ def test_an_env_session_answering_a_probe_outside_the_protocol_stops_prepare_wit
     assert "max_env_message_bytes" in str(result.value) and "\n" not in str(result.value)
     assert list(tmp_path.iterdir()) == []
     bounded(result)
+
+
+@pytest.mark.parametrize("name", ["{tmp}/escaped", "../escaped", ".hidden", ""])
+def test_a_split_whose_name_isnt_a_file_name_in_out_stops_prepare_with_nothing_written(
+    name: str, raw_server_thread: ServerThread, tmp_path: Path
+) -> None:
+    # Written as OUT/<split>.jsonl, an absolute name or one climbing out of OUT would write outside what the user
+    # asked to create, and a hidden one where nobody looks.
+    split = name.format(tmp=tmp_path)
+    task = {"id": "fake", "name": "fake", "index": 0, "prompt": "Hi.", "system_prompt": None, "agent": "agent"}
+    routes = {
+        b"GET /list_environments": ["fake"],
+        b"GET /fake/splits": [{"name": split, "type": "validation"}],
+        b"POST /fake/tasks": {"tasks": [task], "env_name": "fake"},
+    }
+
+    async def session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await accept_websocket(reader, writer)
+        while True:
+            asked = json.loads((await read_frame(reader))[1])["data"]
+            started = {"prompt": "Hi.", "task": {"id": "fake", "split": asked.get("split"), "index": 0}}
+            writer.write(frame(TEXT, TOOLS if asked.get("type") == "list_tools" else observation(started)))
+            await writer.drain()
+
+    url = f"http://127.0.0.1:{raw_server_thread.serve(_openenv(routes, session))}"
+    out = tmp_path / "out" / "rows"
+    out.parent.mkdir()
+
+    with pytest.raises(PrepareError, match="can't be a file name"):
+        asyncio.run(write_rows(url, out, progress=False))
+    assert [path.relative_to(tmp_path) for path in tmp_path.rglob("*")] == [Path("out")]
 
 
 def _openenv(routes: dict[bytes, Any], session: Handler) -> Handler:

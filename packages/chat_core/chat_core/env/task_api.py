@@ -12,7 +12,7 @@ from chat_core._wire import described, encoded, excerpt, parse_json, wire_text
 from chat_core.env.errors import NotAnOpenEnvServer, ServerError, ServerUnreachable
 from chat_core.env.protocol import TaskInfo, server_url
 from chat_core.limits import MIB
-from chat_core.net.http_request import HttpError, MalformedAnswer, check_url, request
+from chat_core.net.http_request import HttpError, MalformedAnswer, Redirected, check_url, request
 
 TASK_API_TIMEOUT_S = 60.0
 """How long a Task API request may go unanswered."""
@@ -87,7 +87,7 @@ class OpenEnvServer:
             raise ServerUnreachable(
                 f"{self.url} didn't answer within {TASK_API_TIMEOUT_S:g} s when asked for {what}"
             ) from None
-        except MalformedAnswer as e:
+        except (MalformedAnswer, Redirected) as e:
             raise NotAnOpenEnvServer(f"{self.url} {method} {path} for {what}: {e}") from None
         except (HttpError, ValueError) as e:
             raise ServerUnreachable(f"can't reach {self.url} to ask for {what}: {described(e)}") from None

@@ -38,7 +38,12 @@ class MalformedAnswer(HttpError):
 
 
 class AnswerTooLong(MalformedAnswer):
-    """The answer's body ran past the caller's limit; it was read no further."""
+    """The answer's body ran past the caller's limit, or announced it would; it was read no further."""
+
+
+class Redirected(HttpError):
+    """The endpoint answered with a redirect, which chat_core doesn't follow: the request's body and headers, the
+    model's key among them, would go wherever the answer points."""
 
 
 @dataclass(frozen=True)
@@ -69,9 +74,10 @@ async def request(
 ) -> Answer:
     """The answer to one ``method`` request to ``url`` carrying ``body`` (None for none), its body read up to
     ``max_body_bytes`` (the limit called ``limit_name`` in the message when it is passed). The caller bounds the
-    time. Raises ConnectionRefused when the endpoint refused the connection, AnswerTooLong when the body is longer
-    than the limit, MalformedAnswer when what answered isn't HTTP/1.1, and HttpError when the request got no whole
-    answer otherwise (its message says why: the certificate, a connection lost midway)."""
+    time. Raises ConnectionRefused when the endpoint refused the connection, Redirected when it answered with a
+    redirect (3xx), AnswerTooLong when the body is longer than the limit, MalformedAnswer when what answered isn't
+    HTTP/1.1, and HttpError when the request got no whole answer otherwise (its message says why: the certificate, a
+    connection lost midway)."""
     session = await http_session()
     try:
         async with session.request(
@@ -82,6 +88,11 @@ async def request(
             allow_redirects=False,
             ssl=tls_context() if url.startswith("https:") else True,
         ) as response:
+            if 300 <= response.status < 400:
+                raise Redirected(
+                    f"answered HTTP {response.status}, a redirect to {response.headers.get('Location', 'nowhere')}, "
+                    "which chat_core doesn't follow: give the URL it points to"
+                )
             return Answer(response.status, response.headers, await _body(response, max_body_bytes, limit_name))
     except aiohttp.ClientConnectorError as e:
         if isinstance(e.os_error, ConnectionRefusedError):
@@ -99,9 +110,12 @@ async def request(
 
 async def _body(response: aiohttp.ClientResponse, limit: int, limit_name: str) -> bytes:
     """``response``'s body as it arrives, decoded from its content coding; AnswerTooLong as soon as it passes
-    ``limit`` bytes (before any is read when its announced length does)."""
+    ``limit`` bytes, or before any is read when its announced length (``Content-Length``) does."""
     if response.content_length is not None and response.content_length > limit:
-        raise AnswerTooLong(f"the answer's body is {response.content_length} bytes, over {limit_name}={limit}")
+        raise AnswerTooLong(
+            f"the answer announced a body of {response.content_length} bytes, over {limit_name}={limit}; none of it "
+            "was read"
+        )
     body = bytearray()
     async for chunk in response.content.iter_any():
         body += chunk
