@@ -16,8 +16,8 @@ def trainer_helper(name, version):
     )
     py_binary(
         name = "prepare",
-        srcs = ["//packages/chat_core:chat_core/prepare.py"],
-        main = "//packages/chat_core:chat_core/prepare.py",
+        srcs = ["//packages/chat_core:chat_core/prepare/__main__.py"],
+        main = "//packages/chat_core:chat_core/prepare/__main__.py",
         visibility = ["//tests:__subpackages__"],
         deps = ["//packages/chat_core"],
     )

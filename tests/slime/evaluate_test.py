@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chat_core.outcome import EpisodeOutcome
+from chat_core.record.outcome import EpisodeOutcome
 from sglang_stand_in import by_task
 from slime_helper import AdapterService
 from test_support import REWARDS, SCRIPTS, delay, text

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 from chat_core import EpisodeOutcome
-from chat_core.metrics import rollout_log_metrics
-from chat_core.prepare import write_rows
+from chat_core.prepare.write import write_rows
+from chat_core.record.metrics import rollout_log_metrics
 from launch import parse_slime_args, slime_command
 from rollout import SAMPLE_PER_TURN, group_of, rollout, rollout_manager
 from sglang_stand_in import Generated, StandInSGLang

@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 from chat_core import ServerError
-from chat_core.openenv_client import OpenEnvServer
-from chat_core.prepare import main, write_rows
-from chat_core.rows import EpisodeRef
+from chat_core.env.task_api import OpenEnvServer
+from chat_core.prepare.command import main
+from chat_core.prepare.rows import EpisodeRef
+from chat_core.prepare.write import write_rows
 from test_support import SAMPLE_ENV, ServedBundle
 from test_support.loopback import LoopbackServer, Request
 
@@ -243,7 +244,7 @@ def test_a_concurrency_below_one_is_a_usage_error(tmp_path: Path, capsys) -> Non
 def test_chat_core_loads_nothing_of_the_server() -> None:
     # chat_core runs in the trainer's environment, which has none of the env server's packages.
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, chat_core, chat_core.prepare; print(sorted(sys.modules))"],
+        [sys.executable, "-c", "import sys, chat_core, chat_core.prepare.command; print(sorted(sys.modules))"],
         capture_output=True,
         text=True,
         check=True,
@@ -260,7 +261,8 @@ def test_the_episode_record_filters_and_metrics_load_no_network_client() -> None
         [
             sys.executable,
             "-c",
-            "import sys, chat_core.filters, chat_core.metrics, chat_core.rows; print(sorted(sys.modules))",
+            "import sys, chat_core.record.filters, chat_core.record.metrics, chat_core.prepare.rows; "
+            "print(sorted(sys.modules))",
         ],
         capture_output=True,
         text=True,
@@ -270,13 +272,16 @@ def test_the_episode_record_filters_and_metrics_load_no_network_client() -> None
     modules = set(ast.literal_eval(loaded))
     assert {name for name in modules if name.startswith("chat_core.")} == {
         "chat_core._wire",
-        "chat_core.errors",
-        "chat_core.filters",
-        "chat_core.metrics",
-        "chat_core.outcome",
-        "chat_core.protocol",
-        "chat_core.results",
-        "chat_core.rows",
+        "chat_core.env",
+        "chat_core.env.errors",
+        "chat_core.env.protocol",
+        "chat_core.prepare",
+        "chat_core.prepare.rows",
+        "chat_core.record",
+        "chat_core.record.filters",
+        "chat_core.record.metrics",
+        "chat_core.record.outcome",
+        "chat_core.record.results",
     }
     assert {name.split(".")[0] for name in modules} & {"aiohttp", "websockets", "ssl", "asyncio"} == set()
 

@@ -17,12 +17,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import chat_core._net
+import chat_core.net.parking
 import pytest
 from chat_core import ChatEndpoint, EpisodeResult, FlagKind, Limits, play
-from chat_core._net import IDLE_S, http_session
-from chat_core.openenv_client import EpisodeSession
-from chat_core.prepare import write_rows
+from chat_core.env.session import EpisodeSession
+from chat_core.net.http_session import http_session
+from chat_core.net.parking import IDLE_S
+from chat_core.prepare.write import write_rows
 from test_support import (
     REWARDS,
     SAMPLE_BUNDLE,
@@ -237,7 +238,7 @@ def test_the_sessions_a_loop_parked_are_closed_with_it_leaving_nothing_unclosed(
 def test_a_session_whose_episode_is_still_open_is_closed_not_parked(
     sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel, monkeypatch: pytest.MonkeyPatch, ending: str
 ) -> None:
-    monkeypatch.setattr(chat_core._net, "IDLE_S", 600.0)
+    monkeypatch.setattr(chat_core.net.parking, "IDLE_S", 600.0)
     limits = {"model_deadline": Limits(model_deadline_s=1), "env_deadline": Limits(env_call_deadline_s=1)}
     steps = [tool_call("wait_for_truck", {"seconds": 3}), delay(30, text("The truck came."))]
     scripted_model.script(steps, session=ending)
@@ -259,7 +260,7 @@ def test_a_session_whose_episode_is_still_open_is_closed_not_parked(
 def test_a_parked_session_the_server_dropped_is_replaced_by_a_new_one(
     tmp_path: Path, scripted_model: ScriptedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(chat_core._net, "IDLE_S", 600.0)
+    monkeypatch.setattr(chat_core.net.parking, "IDLE_S", 600.0)
     port = free_port()
     for session in ("before", "after"):
         scripted_model.script(SCRIPTS["played"], session=session)
@@ -283,7 +284,7 @@ def test_a_session_answers_the_servers_pings_while_the_model_thinks_a_tool_runs_
 ) -> None:
     # A tool call longer than the ping timeout, with another after it: a call sent before the one ahead of it is
     # answered would have uvicorn stop reading the session, pongs included, until the slow one is done.
-    monkeypatch.setattr(chat_core._net, "IDLE_S", 600.0)
+    monkeypatch.setattr(chat_core.net.parking, "IDLE_S", 600.0)
     slow_tools = tool_calls(tool_call("wait_for_truck", {"seconds": 1}), tool_call("find_crate", {"name": "pears"}))
     scripted_model.script([delay(2, slow_tools), delay(2, SCRIPTS["played"][-1])], session="slow")
     scripted_model.script(SCRIPTS["played"], session="next")
@@ -387,6 +388,24 @@ def test_a_tool_call_without_an_id_and_with_arguments_as_an_object_is_run(
         "tool_call_id": called["tool_calls"][0]["id"],
         "content": "The crate 'pears' is on shelf 9C.",
     }
+
+
+def test_tool_calls_without_ids_get_ids_no_other_call_of_the_episode_has(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    # A model whose calls carry no id would otherwise have each reply's first call answered as the one before it:
+    # the chat template puts each tool message under the call whose id it names.
+    def without_id(name: str) -> Any:
+        call = {"type": "function", "function": {"name": name, "arguments": '{"name": "pears"}'}}
+        return _as_sent({"role": "assistant", "content": None, "tool_calls": [call]})
+
+    steps = [without_id("find_crate"), without_id("find_crate"), *SCRIPTS["played"][1:]]
+
+    result = _play(sample_env, rows["played"], scripted_model, steps)
+
+    called = [call["id"] for message in result.transcript for call in message.get("tool_calls", [])]
+    answered = [message["tool_call_id"] for message in result.transcript if message["role"] == "tool"]
+    assert len(called) == 2 and len(set(called)) == 2 and answered == called
 
 
 def test_a_reply_in_text_parts_is_read_and_kept_without_empty_fields(
@@ -810,6 +829,31 @@ def test_a_reward_that_isnt_finite_is_no_reward(scripted_model: ScriptedModel) -
     assert _kinds(result) == [FlagKind.NO_REWARD]
 
 
+def test_a_tool_argument_past_64_bits_reaches_the_env_as_the_model_wrote_it(scripted_model: ScriptedModel) -> None:
+    # Python writes integers of any size, and so may a model; read as the nearest float, the serial number below
+    # would reach the env as 1.2345678901234568e+29.
+    arguments = {"serial": 123456789012345678901234567890, "offset": -9223372036854775809}
+    called: list[dict[str, Any]] = []
+
+    def env(data: dict[str, Any]) -> dict[str, Any]:
+        if data["type"] == "list_tools":
+            tools = [{"name": "stamp", "input_schema": {"type": "object"}}]
+            return {"type": "observation", "data": {"observation": {"tools": tools}, "done": False}}
+        called.append(data["arguments"])
+        return {"type": "observation", "data": {"observation": {}, "done": True, "reward": 1.0}}
+
+    scripted_model.script([tool_call("stamp", arguments)], session="fake")
+
+    async def scenario() -> EpisodeResult:
+        async with _fake_env(env) as url:
+            return await play(_fake_row(url), _chat(scripted_model, "fake"), {}, Limits())
+
+    result = asyncio.run(scenario())
+
+    assert result.scored and called == [arguments]
+    assert [type(value) for value in called[0].values()] == [int, int]
+
+
 def test_metadata_prepare_didnt_write_is_refused_up_front() -> None:
     chat = ChatEndpoint("http://127.0.0.1:1/v1/chat/completions", "policy")
 
@@ -838,20 +882,24 @@ def _play_on_fake_env(answer: Any, model: ScriptedModel) -> EpisodeResult:
 
     async def scenario() -> EpisodeResult:
         async with _fake_env(answer) as url:
-            metadata = {
-                "episode": {"split": "all", "index": 0, "task_id": "fake", "task_name": "fake"},
-                "server": {"url": url, "env_name": "fake"},
-                "tools": [],
-            }
-            return await play(metadata, _chat(model, "fake"), {}, Limits())
+            return await play(_fake_row(url), _chat(model, "fake"), {}, Limits())
 
     return asyncio.run(scenario())
+
+
+def _fake_row(url: str) -> dict[str, Any]:
+    """The metadata of a row of the task ``fake`` on the server at ``url``."""
+    return {
+        "episode": {"split": "all", "index": 0, "task_id": "fake", "task_name": "fake"},
+        "server": {"url": url, "env_name": "fake"},
+        "tools": [],
+    }
 
 
 @asynccontextmanager
 async def _fake_env(answer: Any):
     """A WebSocket server that starts the task ``fake`` and answers every later message with ``answer``: a frame,
-    text that isn't JSON, or (None) a closed connection."""
+    text that isn't JSON, (None) a closed connection, or a function of the message's ``data`` giving the frame."""
 
     async def session(ws: ServerConnection) -> None:
         async for message in ws:
@@ -872,6 +920,8 @@ async def _fake_env(answer: Any):
                 )
             elif answer is None:
                 return
+            elif callable(answer):
+                await ws.send(json.dumps(answer(json.loads(message)["data"])))
             else:
                 await ws.send(answer if isinstance(answer, str) else json.dumps(answer))
 

@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 from chat_core import OUTCOME_KEY
-from chat_core.evaluate import main, pass_at_k
-from chat_core.outcome import EpisodeOutcome
-from chat_core.prepare import write_rows
+from chat_core.evaluate.command import main
+from chat_core.evaluate.summary import pass_at_k
+from chat_core.prepare.write import write_rows
+from chat_core.record.outcome import EpisodeOutcome
 from test_support import REWARDS, SCRIPTS, ScriptedModel, ServedBundle, delay, error, text
 
 pytest_plugins = ["test_support.pytest_plugin"]
@@ -178,6 +179,36 @@ def test_a_wrong_key_or_model_stops_the_run_before_any_episode(
     err = capsys.readouterr().err
     assert code == 1 and f"HTTP {status}" in err and says in err and err.count("\n") == 1
     assert len(model.requests) == 1 and not (tmp_path / "run" / "episodes.jsonl").exists()
+
+
+def test_the_pre_flight_limits_the_reply_by_the_token_limit_the_sampling_names(
+    rows: Path, model: ScriptedModel, tmp_path: Path
+) -> None:
+    # Newer hosted models refuse max_tokens beside max_completion_tokens; the pre-flight must send what the run does.
+    model.script([error(404)])
+
+    main(_args(rows, model, tmp_path / "run", "--sampling", '{"max_completion_tokens": 256}'))
+
+    (preflight,) = model.requests
+    assert preflight.body["max_completion_tokens"] == 1 and "max_tokens" not in preflight.body
+
+
+def test_resuming_a_folder_of_another_models_episodes_is_refused(
+    sample_env: ServedBundle, rows: Path, model: ScriptedModel, tmp_path: Path, capsys
+) -> None:
+    # Their rewards would be summed into this model's summary as if it had played them.
+    one = _only(rows, tmp_path / "rows", "reply_only")
+    model.script([text("A banana.")] * 2, session=f"{_prompts(rows)['reply_only']}#0")
+    assert main(_args(one, model, tmp_path / "run")) == 0
+    before = _records(tmp_path / "run")
+    capsys.readouterr()
+
+    other = [str(one), "--model-url", model.base_url, "--model", "other", "--out", str(tmp_path / "run"), "--resume"]
+    assert main(other) == 1
+
+    err = capsys.readouterr().err
+    assert "holds episodes of model policy, not 'other'" in err and err.count("\n") == 1
+    assert _records(tmp_path / "run") == before
 
 
 def test_an_endpoint_refusing_connections_stops_the_run(rows: Path, tmp_path: Path, capsys) -> None:

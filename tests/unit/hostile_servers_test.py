@@ -10,6 +10,7 @@ its own watched from outside, so a client that froze would fail the test rather 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import os
@@ -21,10 +22,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import chat_core._net
+import chat_core.net.settings
 import pytest
 from chat_core import ChatEndpoint, EpisodeResult, FlagKind, Limits, OpenEnvError, play
-from chat_core.prepare import write_rows
+from chat_core.net.env_socket import PING_INTERVAL_S, SEND_TIMEOUT_S, open_session
+from chat_core.prepare.write import PrepareError, write_rows
 from test_support import SCRIPTS, ScriptedModel, ServedBundle, delay, serve_bundle, text, tool_call
 from test_support.raw_servers import (
     CLOSE,
@@ -125,9 +127,10 @@ CHAT_CASES = {
     "a status line that isn't one": (answering(b"HELLO THERE\r\n\r\n"), "status"),
     "a head that never ends": (answering(OK, then_forever=b"X-Filler: " + b"a" * 100 + b"\r\n"), "MAX_HEADERS=128"),
     "a header line that never ends": (answering(OK + b"X-Filler: ", then_forever=b"a" * 4096), "MAX_HEAD_LINE_BYTES"),
+    # Refused by its announced length alone: no byte of the body ever comes.
     "a body announced at 1 TiB": (
-        answering(OK + b"Content-Length: 1099511627776\r\n\r\n", then_forever=b"a" * 4096),
-        "max_chat_answer_bytes",
+        answering(OK + b"Content-Length: 1099511627776\r\n\r\n"),
+        "announced a body of 1099511627776 bytes, over max_chat_answer_bytes",
     ),
     "a body without end": (
         answering(OK + b"Connection: close\r\n\r\n", then_forever=b"a" * 4096),
@@ -223,7 +226,7 @@ def test_a_chat_endpoint_whose_tls_cant_be_trusted_fails_the_episodes_chat(
 ) -> None:
     if not trusted:
         monkeypatch.delenv("SSL_CERT_FILE")
-        chat_core._net.tls_context.cache_clear()
+        chat_core.net.settings.tls_context.cache_clear()
     port = raw_server_thread.serve(answering(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"), tls=trusted_tls)
     chat = ChatEndpoint(f"https://{host}:{port}/v1/chat/completions", "policy")
 
@@ -292,6 +295,7 @@ def after_list_tools(*frames: bytes, then_forever: bytes | None = None) -> Handl
     return env_session(then)
 
 
+PONGS_UNREAD = "pings while the model thinks, their pongs unread"
 ENV_CASES = {
     "a frame announcing 2**63 - 1 bytes": (
         after_list_tools(frame(TEXT, b"", length=2**63 - 1)), "max_env_message_bytes"
@@ -312,7 +316,7 @@ ENV_CASES = {
         after_list_tools(frame(TEXT, TOOLS), then_forever=frame(TEXT, b'{"type": "noise"}' + b" " * 65536)),
         "isn't an observation",
     ),
-    "pings while the model thinks, their pongs unread": (
+    PONGS_UNREAD: (
         after_list_tools(frame(TEXT, TOOLS), then_forever=frame(PING, b"p" * 125)), "read nothing of the session"
     ),
     "a reset answered for another task": (
@@ -338,6 +342,9 @@ def test_an_env_session_answering_outside_the_protocol_ends_the_episode_flagged(
     assert kinds(result.value) == [FlagKind.PROTOCOL_ERROR] and result.value.reward is None
     assert says in result.value.flags[0].message
     bounded(result)
+    # Each case ends by chat_core's own bound for it (the close deadline once the protocol is broken, SEND_TIMEOUT_S
+    # for pongs left unread), not by the keepalive ping that ends any stuck session after PING_INTERVAL_S.
+    assert result.seconds < PING_INTERVAL_S + (SEND_TIMEOUT_S if case == PONGS_UNREAD else 0)
 
 
 def _reset_answered_for(task: dict[str, Any]) -> Handler:
@@ -372,7 +379,7 @@ def test_an_env_server_whose_tls_cant_be_trusted_is_unreachable(
     raw_server_thread: ServerThread, trusted_tls: ssl.SSLContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("SSL_CERT_FILE")
-    chat_core._net.tls_context.cache_clear()
+    chat_core.net.settings.tls_context.cache_clear()
     port = raw_server_thread.serve(env_session(after_list_tools()), tls=trusted_tls)
     chat = ChatEndpoint("http://127.0.0.1:9/v1/chat/completions", "policy")
 
@@ -482,6 +489,45 @@ def test_a_session_whose_server_sent_more_than_asked_is_never_handed_to_the_next
     assert sessions == 2
 
 
+def test_reading_stays_paused_for_unread_messages_when_the_sessions_own_writes_drain(
+    raw_server_thread: ServerThread,
+) -> None:
+    # The server floods messages nobody asked for, so the session stops reading at its queue's limit; meanwhile what
+    # the session writes backs up (the server reads nothing for a second) and then drains. Reading must still wait
+    # for the queue, or the flood pours into the process's memory while the episode waits on the model.
+    flood = frame(TEXT, b" " * 65536)
+    flooded_cap = 256 * MIB
+    sent = 8 * MIB
+
+    async def flooding_and_reading_late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await accept_websocket(reader, writer)
+
+        async def read_late() -> None:
+            await asyncio.sleep(1.0)
+            with contextlib.suppress(ConnectionError):
+                while await reader.read(MIB):
+                    pass
+
+        reading = asyncio.create_task(read_late())
+        for _ in range(flooded_cap // len(flood)):
+            writer.write(flood)
+            await writer.drain()
+        await reading
+
+    async def sends_while_flooded(port: int) -> None:
+        session = await open_session(f"ws://127.0.0.1:{port}/ws", max_message_bytes=LIMIT)
+        await asyncio.sleep(0.5)
+        await session.send(b'"' + b"a" * (sent - 2) + b'"')
+        await asyncio.sleep(1.5)
+        await session.close()
+
+    port = raw_server_thread.serve(flooding_and_reading_late)
+    result = watched(lambda: sends_while_flooded(port), BOUND_S)
+
+    # The message is held a few times over while it is framed and written; the flood would add up to 256 MiB.
+    assert result.peak_bytes < MAX_PEAK_BYTES + 4 * sent, f"the client held {result.peak_bytes / MIB:.0f} MiB at once"
+
+
 # The Task API, through prepare ------------------------------------------------------------------------------------
 
 TASK_API_CASES = {
@@ -550,6 +596,37 @@ def test_an_env_session_answering_a_probe_outside_the_protocol_stops_prepare_wit
     assert "max_env_message_bytes" in str(result.value) and "\n" not in str(result.value)
     assert list(tmp_path.iterdir()) == []
     bounded(result)
+
+
+@pytest.mark.parametrize("name", ["{tmp}/escaped", "../escaped", ".hidden", ""])
+def test_a_split_whose_name_isnt_a_file_name_in_out_stops_prepare_with_nothing_written(
+    name: str, raw_server_thread: ServerThread, tmp_path: Path
+) -> None:
+    # Written as OUT/<split>.jsonl, an absolute name or one climbing out of OUT would write outside what the user
+    # asked to create, and a hidden one where nobody looks.
+    split = name.format(tmp=tmp_path)
+    task = {"id": "fake", "name": "fake", "index": 0, "prompt": "Hi.", "system_prompt": None, "agent": "agent"}
+    routes = {
+        b"GET /list_environments": ["fake"],
+        b"GET /fake/splits": [{"name": split, "type": "validation"}],
+        b"POST /fake/tasks": {"tasks": [task], "env_name": "fake"},
+    }
+
+    async def session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await accept_websocket(reader, writer)
+        while True:
+            asked = json.loads((await read_frame(reader))[1])["data"]
+            started = {"prompt": "Hi.", "task": {"id": "fake", "split": asked.get("split"), "index": 0}}
+            writer.write(frame(TEXT, TOOLS if asked.get("type") == "list_tools" else observation(started)))
+            await writer.drain()
+
+    url = f"http://127.0.0.1:{raw_server_thread.serve(_openenv(routes, session))}"
+    out = tmp_path / "out" / "rows"
+    out.parent.mkdir()
+
+    with pytest.raises(PrepareError, match="can't be a file name"):
+        asyncio.run(write_rows(url, out, progress=False))
+    assert [path.relative_to(tmp_path) for path in tmp_path.rglob("*")] == [Path("out")]
 
 
 def _openenv(routes: dict[bytes, Any], session: Handler) -> Handler:

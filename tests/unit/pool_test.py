@@ -28,8 +28,9 @@ from chat_core import (
     ServerUnreachable,
     play,
 )
-from chat_core.pool import EnvPool, check_same_bundle
-from chat_core.prepare import write_rows
+from chat_core.env.bundle import check_same_bundle
+from chat_core.env.pool import EnvPool
+from chat_core.prepare.write import write_rows
 from test_support import SAMPLE_BUNDLE, SCRIPTS, ScriptedModel, ServedBundle, delay, serve_bundle, text
 from test_support.waits import free_port, until
 

@@ -59,12 +59,13 @@ def test_each_prepare_command_refuses_an_out_that_exists(trainer, written, sampl
 
 def test_no_module_beside_a_commands_script_shadows_the_standard_library():
     # A script runs with its own folder first on sys.path, so a module there named like one of the standard library's
-    # is what every import of that name gets: chat_core's ``_json`` once stood in for the json parser's C half.
+    # is what every import of that name gets: chat_core's ``_json`` once stood in for the json parser's C half. Every
+    # folder of the packages is checked, not only the commands' own, so a command that moves keeps its check.
     packages = Path(os.environ["TEST_SRCDIR"]) / "trainer_helpers" / "packages"
     modules = [
         path
         for name in ("chat_core", *(f"{trainer}_helper" for trainer in TRAINERS))
-        for path in (packages / name / name).glob("*.py")
+        for path in (packages / name / name).rglob("*.py")
     ]
     assert len(modules) > 10
     assert [path.name for path in modules if path.stem in sys.stdlib_module_names] == []

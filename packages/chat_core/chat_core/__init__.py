@@ -1,83 +1,41 @@
 """The part of the trainer helpers that slime's and Miles' glue share: rows for a server's tasks
 (``python -m chat_core.prepare``); ``play``, which plays a row's episode with the trainer's model and returns its
 reward or the flags that say why it has none; the episode's outcome as both helpers keep it in a sample
-(``EpisodeOutcome``), and the rules their filters and metrics share (``chat_core.filters``, ``chat_core.metrics``).
-It needs only aiohttp, websockets, orjson and tqdm, so it installs into a trainer's environment without the env
-server's packages.
+(``EpisodeOutcome``), and the rules their filters and metrics share (``chat_core.record.filters``,
+``chat_core.record.metrics``). It needs only aiohttp, websockets, orjson and tqdm, so it installs into a trainer's
+environment without the env server's packages.
 
-The names below are loaded when first used, so a module that needs only the plain records (``chat_core.filters``,
-``chat_core.metrics``, ``chat_core.outcome``, ``chat_core.rows``) loads no network client."""
+The public names below are each loaded from its module when first used, so a module that needs only the plain
+records (``chat_core.record``, ``chat_core.prepare.rows``) loads no network client."""
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-_HOMES = {
-    "play": "chat_core.episode",
-    "EpisodeTrace": "chat_core.episode",
-    "ChatEndpoint": "chat_core.chat",
-    "Limits": "chat_core.limits",
-    "FATAL": "chat_core.results",
-    "EpisodeResult": "chat_core.results",
-    "Flag": "chat_core.results",
-    "FlagKind": "chat_core.results",
-    "OUTCOME_KEY": "chat_core.outcome",
-    "EpisodeOutcome": "chat_core.outcome",
-    "MissingFilter": "chat_core.filters",
-    "ENV_SERVERS_VARIABLE": "chat_core.limits",
-    "CapacityExhausted": "chat_core.errors",
-    "EnvCallTimeout": "chat_core.errors",
-    "EpisodeProtocolError": "chat_core.errors",
-    "InvalidServerUrl": "chat_core.errors",
-    "NotAnOpenEnvServer": "chat_core.errors",
-    "OpenEnvError": "chat_core.errors",
-    "ServerError": "chat_core.errors",
-    "ServerMismatch": "chat_core.errors",
-    "ServerUnreachable": "chat_core.errors",
+_PUBLIC = {
+    "chat_core.episode.loop": ("play",),
+    "chat_core.episode.tracing": ("EpisodeTrace",),
+    "chat_core.episode.chat": ("ChatEndpoint",),
+    "chat_core.limits": ("Limits", "ENV_SERVERS_VARIABLE"),
+    "chat_core.record.results": ("FATAL", "EpisodeResult", "Flag", "FlagKind"),
+    "chat_core.record.outcome": ("OUTCOME_KEY", "EpisodeOutcome"),
+    "chat_core.record.filters": ("MissingFilter",),
+    "chat_core.env.errors": (
+        "CapacityExhausted",
+        "EnvCallTimeout",
+        "EpisodeProtocolError",
+        "InvalidServerUrl",
+        "NotAnOpenEnvServer",
+        "OpenEnvError",
+        "ServerError",
+        "ServerMismatch",
+        "ServerUnreachable",
+    ),
 }
-__all__ = [
-    "ENV_SERVERS_VARIABLE",
-    "FATAL",
-    "OUTCOME_KEY",
-    "CapacityExhausted",
-    "ChatEndpoint",
-    "EnvCallTimeout",
-    "EpisodeOutcome",
-    "EpisodeProtocolError",
-    "EpisodeResult",
-    "EpisodeTrace",
-    "Flag",
-    "FlagKind",
-    "InvalidServerUrl",
-    "Limits",
-    "MissingFilter",
-    "NotAnOpenEnvServer",
-    "OpenEnvError",
-    "ServerError",
-    "ServerMismatch",
-    "ServerUnreachable",
-    "play",
-]
-
-if TYPE_CHECKING:
-    from chat_core.chat import ChatEndpoint
-    from chat_core.episode import EpisodeTrace, play
-    from chat_core.errors import (
-        CapacityExhausted,
-        EnvCallTimeout,
-        EpisodeProtocolError,
-        InvalidServerUrl,
-        NotAnOpenEnvServer,
-        OpenEnvError,
-        ServerError,
-        ServerMismatch,
-        ServerUnreachable,
-    )
-    from chat_core.filters import MissingFilter
-    from chat_core.limits import ENV_SERVERS_VARIABLE, Limits
-    from chat_core.outcome import OUTCOME_KEY, EpisodeOutcome
-    from chat_core.results import FATAL, EpisodeResult, Flag, FlagKind
+"""Each public name, by the module it is defined in."""
+_HOMES = {name: module for module, names in _PUBLIC.items() for name in names}
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str) -> Any:

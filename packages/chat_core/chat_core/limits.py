@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chat_core.protocol import server_url
+from chat_core.env.protocol import server_url
 
 MIB = 1 << 20
 ENV_SERVERS_VARIABLE = "TRAINER_HELPERS_ENV_SERVERS"
@@ -28,7 +28,7 @@ class Limits:
     longer one ends the session, refused by its announced length before its payload is read.
 
     ``env_servers``: the URLs of a pool of env servers serving the rows' bundle, which plays every row instead of the
-    server it was prepared from (``chat_core.pool``); when empty, the ``TRAINER_HELPERS_ENV_SERVERS`` environment
+    server it was prepared from (``chat_core.env.pool``); when empty, the ``TRAINER_HELPERS_ENV_SERVERS`` environment
     variable names the pool (comma-separated), and without it each row plays on its own server. Raises ValueError
     when a bound is out of range or a server URL isn't an absolute http(s) URL."""
 

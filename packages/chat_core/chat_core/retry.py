@@ -58,7 +58,6 @@ def _seconds(retry_after: str | None) -> float:
     """A ``Retry-After`` of seconds as a number; 0 for no header, or for the HTTP-date form, which is rare from
     model servers and not worth a clock comparison."""
     try:
-        seconds = float(retry_after or 0)
+        return float(retry_after or 0)
     except ValueError:
         return 0.0
-    return seconds if seconds >= 0 else 0.0

@@ -3,8 +3,8 @@ actor per replica, waits for each to serve and checks they all serve the same ta
 
 Pipeline of ``up``: nodes chosen → each node inspected (``checks``) → replicas placed, ports counted up per address →
 actors started → each one's URL → each URL's Task API from here → the pool's own check of the replicas
-(``chat_core.pool.check_same_bundle``). A failure at any stage after the first actor started stops every replica of
-the deployment before it is raised.
+(``chat_core.env.bundle.check_same_bundle``). A failure at any stage after the first actor started stops every replica
+of the deployment before it is raised.
 
 Each replica is an ``EnvReplica`` actor named ``<deployment>/<ip>:<port>`` in the namespace ``env_replicas``,
 detached (it outlives the process that called ``up``), restarted by Ray however often it dies (``max_restarts=-1``)
@@ -31,8 +31,8 @@ from typing import Any
 import ray
 import ray.cloudpickle
 from chat_core import ENV_SERVERS_VARIABLE, OpenEnvError, ServerMismatch, ServerUnreachable
-from chat_core.openenv_client import OpenEnvServer
-from chat_core.pool import check_same_bundle
+from chat_core.env.bundle import check_same_bundle
+from chat_core.env.task_api import OpenEnvServer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from env_replicas import checks

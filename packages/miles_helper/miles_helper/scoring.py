@@ -1,5 +1,5 @@
 """The episode's reward as Miles' reward function (``--custom-rm-path miles_helper.reward``), and the dynamic
-sampling filters (``--dynamic-sampling-filter-path``) on ``chat_core.filters``' rules:
+sampling filters (``--dynamic-sampling-filter-path``) on ``chat_core.record.filters``' rules:
 
 - ``miles_helper.keep_scored_groups`` leaves out a group holding an episode with no reward to train on;
 - ``miles_helper.keep_scored_nonzero_std_groups`` also leaves out a scored group whose episodes all earned the same
@@ -7,7 +7,7 @@ sampling filters (``--dynamic-sampling-filter-path``) on ``chat_core.filters``' 
 
 All read the outcome ``miles_helper.agent`` leaves in each sample's metadata. An episode that can't be trained on
 gets reward None, Miles' own mark of a trial that errored (its eval logs count them as ``none_reward_ratio``), and the
-filters drop its group with the reason ``chat_core.filters`` gives, which Miles counts as
+filters drop its group with the reason ``chat_core.record.filters`` gives, which Miles counts as
 ``rollout/dynamic_filter/drop_<reason>``. A failed episode doesn't raise: Miles would then lose its whole group
 without a count, stop an eval, or fail the rollout while it drains the episodes its abort cut short. Only the filters
 keep a None out of training, so the reward refuses to score anything in a run launched without one of them: Miles
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from chat_core import EpisodeOutcome
-from chat_core.filters import Episode, require_filter, scored_group_drop, scored_nonzero_std_group_drop
+from chat_core.record.filters import Episode, require_filter, scored_group_drop, scored_nonzero_std_group_drop
 from miles.rollout.filter_hub.base_types import DynamicFilterOutput
 from miles.utils.misc import load_function
 from miles.utils.types import Sample

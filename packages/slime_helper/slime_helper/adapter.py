@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from aiohttp import web
 from chat_core import ChatEndpoint
-from chat_core.filters import require_filter
+from chat_core.record.filters import require_filter
 
 from slime_helper._slime import slime
 from slime_helper.append_only import (

@@ -1,4 +1,4 @@
-"""slime's dynamic-sampling filters (``--dynamic-sampling-filter-path``), on ``chat_core.filters``' rules:
+"""slime's dynamic-sampling filters (``--dynamic-sampling-filter-path``), on ``chat_core.record.filters``' rules:
 
 - ``slime_helper.keep_scored_groups`` leaves out a group holding an episode with no reward to train on;
 - ``slime_helper.keep_scored_nonzero_std_groups`` also leaves out a scored group whose episodes all earned the same
@@ -13,14 +13,14 @@ from argparse import Namespace
 from typing import Any
 
 from chat_core import EpisodeOutcome
-from chat_core.filters import Episode, scored_group_drop, scored_nonzero_std_group_drop
+from chat_core.record.filters import Episode, scored_group_drop, scored_nonzero_std_group_drop
 
 from slime_helper._slime import slime
 
 
 def keep_scored_groups(args: Namespace, samples: list, **kwargs: Any) -> Any:
     """Keep a group only when every episode in it can be trained on; the reason otherwise is the first unscored
-    episode's (``chat_core.filters``)."""
+    episode's (``chat_core.record.filters``)."""
     return _output(scored_group_drop(_episodes(samples)))
 
 

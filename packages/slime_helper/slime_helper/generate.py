@@ -5,7 +5,7 @@
 Episode bounds are chat_core's defaults unless slime's ``--custom-config-path`` YAML sets ``episode_max_turns``,
 ``episode_max_tool_calls_per_turn``, ``episode_model_deadline_s``, ``episode_env_call_deadline_s``,
 ``episode_max_chat_answer_bytes`` or ``episode_max_env_message_bytes`` (slime puts its keys on ``args``);
-``episode_env_servers``, a list of URLs, names the pool of env servers that plays the rows (``chat_core.pool``);
+``episode_env_servers``, a list of URLs, names the pool of env servers that plays the rows (``chat_core.env.pool``);
 ``episode_append_only_chat`` overrides the rendering the helper picks from the chat template (``false``: each
 turn's whole chat; ``true``: append-only, which makes an episode one sample, or a refusal to start;
 ``slime_helper.adapter``).

@@ -14,7 +14,7 @@ from argparse import Namespace
 from collections.abc import Iterator
 from typing import Any
 
-from chat_core.metrics import eval_log_metrics, rollout_log_metrics
+from chat_core.record import metrics
 
 from slime_helper._slime import slime
 
@@ -40,13 +40,10 @@ class SampleTrace:
 def log_rollout(
     rollout_id: int, args: Namespace, samples: list, rollout_extra_metrics: Any, rollout_time: float
 ) -> bool:
-    """slime's ``--custom-rollout-log-function-path``: the step's per-episode metrics (``chat_core.metrics``) under
-    ``rollout/episode/``, at slime's own ``rollout/step``. Returns False so slime's default logging runs too."""
+    """slime's ``--custom-rollout-log-function-path``: the step's per-episode metrics (``chat_core.record.metrics``)
+    under ``rollout/episode/``, at slime's own ``rollout/step``. Returns False so slime's default logging runs too."""
     api = slime()
-    metrics = rollout_log_metrics(samples)
-    metrics["rollout/step"] = api.compute_rollout_step(args, rollout_id)
-    api.log(args, metrics, step_key="rollout/step")
-    return False
+    return metrics.log_rollout(samples, api.compute_rollout_step(args, rollout_id), _logger(args))
 
 
 def log_eval_rollout(rollout_id: int, args: Namespace, data: dict[str, Any], extra_metrics: Any) -> bool:
@@ -54,8 +51,9 @@ def log_eval_rollout(rollout_id: int, args: Namespace, data: dict[str, Any], ext
     ``eval/<split>/episode/``, at slime's own ``eval/step``; each eval sample is one episode. Returns False so
     slime's default logging runs too."""
     api = slime()
-    metrics = eval_log_metrics(data)
-    if metrics:
-        metrics["eval/step"] = api.compute_rollout_step(args, rollout_id)
-        api.log(args, metrics, step_key="eval/step")
-    return False
+    return metrics.log_eval(data, api.compute_rollout_step(args, rollout_id), _logger(args))
+
+
+def _logger(args: Namespace) -> metrics.StepLog:
+    """slime's own logger (``logging_utils.log``: wandb, TensorBoard) for the launch ``args``."""
+    return lambda logged, step_key: slime().log(args, logged, step_key=step_key)

@@ -78,10 +78,6 @@ class ServedBundle:
         return "ws" + self.url.removeprefix("http") + "/ws"
 
     @property
-    def log_path(self) -> Path:
-        return self.state_dir / "server.log"
-
-    @property
     def sandbox_dir(self) -> Path:
         return self.state_dir / "sandboxes"
 
@@ -128,10 +124,6 @@ class ServedBundle:
             if task["name"] == task_name:
                 return task["index"]
         raise KeyError(f"split {split!r} has no task {task_name!r}; it has {[task['name'] for task in tasks]}")
-
-    def log_tail(self, chars: int = 4000) -> str:
-        """The end of the server's stdout and stderr."""
-        return _log_tail(self.state_dir, chars)
 
 
 @contextmanager

@@ -12,7 +12,7 @@ import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
-import chat_core._net
+import chat_core.net.settings
 import pytest
 
 from . import raw_servers
@@ -66,7 +66,7 @@ def trusted_tls(monkeypatch: pytest.MonkeyPatch) -> Iterator[ssl.SSLContext]:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(CERTIFICATE, CERTIFICATE.with_suffix(".key"))
     monkeypatch.setenv("SSL_CERT_FILE", str(CERTIFICATE))
-    chat_core._net.tls_context.cache_clear()
+    chat_core.net.settings.tls_context.cache_clear()
     yield context
     monkeypatch.undo()
-    chat_core._net.tls_context.cache_clear()
+    chat_core.net.settings.tls_context.cache_clear()

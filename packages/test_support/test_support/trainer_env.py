@@ -42,12 +42,12 @@ NOT_SHIPPED = frozenset({"test_support", "agent_env", "openenv", "pytest"})
 """Top-level modules of the env server and of the tests, none of which the shipped functions may import."""
 _WHEELS = ("chat_core", "env_replicas", "miles_helper", "slime_helper")
 _CHAT_CORE_REQUIREMENTS = [
-    "aiohttp>=3.12",
+    "aiohttp>=3.13.4",
     'miles-helper==0.1.0; extra == "miles"',
     "orjson>=3.9",
     'slime-helper==0.1.0; extra == "slime"',
     "tqdm>=4.66",
-    "websockets>=15",
+    "websockets<17.5,>=17.4",
 ]
 _DROPPED_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")
 _REQUIREMENTS = """

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from chat_core.prepare import write_rows
+from chat_core.prepare.write import write_rows
 from launch import parse_slime_args, slime_command
 from rollout import SAMPLE_PER_TURN, on_slime_loop
 from sglang_stand_in import StandInSGLang

@@ -1,6 +1,6 @@
 """evaluate's own cost per model turn: a benchmark, not a test. A model that answers at once and a minimal stand-in
 OpenEnv server (the real WebSocket protocol, one task: a tool call, then a reply that scores 1) run in a process of
-their own, so only evaluate's work is counted: each concurrency runs ``chat_core.evaluate.evaluate``, JSONL writing
+their own, so only evaluate's work is counted: each concurrency runs ``chat_core.evaluate.run.evaluate``, JSONL writing
 and progress bar on, over one sample of as many rows as episodes, in a fresh process, ``--repeats`` times, and
 reports the min and median of its CPU seconds per model turn and the rise of its peak RSS per episode in flight.
 The stand-ins' own CPU is not counted.
@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from chat_core import ChatEndpoint, Limits
-from chat_core.evaluate import EPISODES, Run, evaluate
-from chat_core.rows import EpisodeRef
+from chat_core.evaluate.records import EPISODES
+from chat_core.evaluate.run import Run, evaluate
+from chat_core.prepare.rows import EpisodeRef
 from test_support.loopback import LoopbackServer, Request
 from websockets.asyncio.server import ServerConnection, serve
 

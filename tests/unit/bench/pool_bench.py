@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from chat_core import ChatEndpoint, EpisodeResult, Limits, play
-from chat_core.prepare import write_rows
+from chat_core.prepare.write import write_rows
 from test_support import ScriptedModel, serve_bundle, text, tool_call
 
 REPLICAS = (1, 2, 3)

@@ -3,8 +3,8 @@
 A launch names the pool (``Limits.env_servers``, else the environment variable ``TRAINER_HELPERS_ENV_SERVERS``);
 its rows are then played on the pool instead of the server each row was prepared from. Before a server gets its
 first episode it is checked to serve the rows' env with the same task ids per split as the others; a server that
-doesn't is a ``ServerMismatch`` for every later episode, since the launch names the wrong server.
-``check_same_bundle`` makes the same check of a list of servers at once, for whoever starts them (``env_replicas``).
+doesn't is a ``ServerMismatch`` for every later episode, since the launch names the wrong server (the check is
+``chat_core.env.bundle``'s).
 
 Routing: each episode starts on the server with the fewest episodes in flight from this process, within the session
 limit a server's ``CAPACITY_REACHED`` refusal told. A full server is skipped for another; one that can't be reached,
@@ -23,12 +23,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from chat_core.errors import CapacityExhausted, OpenEnvError, ServerMismatch, ServerUnreachable, SessionDropped
+from chat_core.env.bundle import Catalogue, Served, served_by
+from chat_core.env.errors import CapacityExhausted, ServerMismatch, ServerUnreachable, SessionDropped
+from chat_core.env.protocol import Observation, server_url
+from chat_core.env.session import CapacityWait, EpisodeSession
 from chat_core.limits import ENV_SERVERS_VARIABLE, Limits
-from chat_core.openenv_client import CapacityWait, EpisodeSession, OpenEnvServer
-from chat_core.protocol import Observation, server_url
+from chat_core.prepare.rows import EpisodeRef
 from chat_core.retry import Backoff
-from chat_core.rows import EpisodeRef
 
 logger = logging.getLogger(__name__)
 REST = Backoff(first_s=1.0, max_s=30.0)
@@ -36,61 +37,6 @@ REST = Backoff(first_s=1.0, max_s=30.0)
 failure in a row, up to half a minute."""
 _FULL_PAUSE_S = 0.25
 _POLL_S = 0.05
-
-Catalogue = dict[str, tuple[str, ...]]
-"""A server's task ids, by split, in index order."""
-
-
-@dataclass(frozen=True)
-class _Served:
-    """What the server at ``url`` serves: its env's name and its task ids by split."""
-
-    url: str
-    env_name: str
-    catalogue: Catalogue
-
-    def mismatch(self, reference: _Served) -> ServerMismatch | None:
-        """The ServerMismatch naming this server and the first thing it serves differently from ``reference``, or
-        None when it serves the same env, splits and task ids."""
-        if difference := _difference(self, reference):
-            return ServerMismatch(
-                f"{self.url} serves {difference}: every server of the pool must serve the same bundle"
-            )
-        return None
-
-
-async def check_same_bundle(urls: Sequence[str]) -> None:
-    """Check the servers at ``urls`` as a pool checks each before its first episode: every one serves the same env,
-    with the same splits and the same task ids at the same places, as the first. Raises ServerMismatch naming a
-    server and the first thing it serves differently from the first server, or why it can't serve a pool (it answers
-    outside the Task API); ServerUnreachable when a server can't be reached, where a pool would rest it and ask
-    again; InvalidServerUrl when a URL isn't an absolute http(s) URL. When several servers fail, the error is the
-    first one's in ``urls``."""
-    servers = [server_url(url) for url in urls]
-    found = await asyncio.gather(*map(_served, servers), return_exceptions=True)
-    for each in found:
-        if isinstance(each, BaseException):
-            raise each
-    for served in found[1:]:
-        if mismatch := served.mismatch(found[0]):
-            raise mismatch
-
-
-async def _served(url: str) -> _Served:
-    """What the server at ``url`` serves. Raises ServerUnreachable when it can't be reached, and ServerMismatch when
-    it answers, but not as an OpenEnv server a pool can play on."""
-    try:
-        api = OpenEnvServer(url)
-        name = await api.env_name()
-        splits = await api.splits()
-        tasks = await asyncio.gather(*map(api.tasks, splits))
-    except ServerUnreachable:
-        raise
-    except OpenEnvError as e:
-        raise ServerMismatch(f"{url} can't serve the pool: {e}") from None
-    return _Served(
-        url, name, {split: tuple(task.id for task in listed) for split, listed in zip(splits, tasks, strict=True)}
-    )
 
 
 def env_servers(named: Sequence[str]) -> tuple[str, ...]:
@@ -148,7 +94,7 @@ class EnvPool:
     def __init__(self, urls: tuple[str, ...]):
         self._servers = [_Server(url) for url in urls]
         self._refusal: ServerMismatch | None = None
-        self._reference: _Served | None = None
+        self._reference: Served | None = None
         self._lock_loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock: asyncio.Lock | None = None
         self._picks = 0
@@ -200,18 +146,18 @@ class EnvPool:
         """An episode's session on the pool, waiting for a free session and bounding its calls as ``limits`` says."""
         return PooledSession(self, limits)
 
-    async def _served_by(self, server: _Server) -> _Served | None:
+    async def _served_by(self, server: _Server) -> Served | None:
         """What ``server`` serves, or None when it can't be reached (it is rested) or can't serve the pool (the
         pool's refusal)."""
         try:
-            return await _served(server.url)
+            return await served_by(server.url)
         except ServerUnreachable as e:
             server.failed(str(e), time.monotonic())
         except ServerMismatch as e:
             self._refusal = self._refusal or e
         return None
 
-    def _admit(self, server: _Server, served: _Served) -> None:
+    def _admit(self, server: _Server, served: Served) -> None:
         """Take ``server`` into the routing when it serves what the pool's first checked server does."""
         if self._reference is None:
             self._reference = served
@@ -325,23 +271,6 @@ class PooledSession:
         if self._session is None:
             raise RuntimeError("the pooled session has no episode: call reset first, and not after close")
         return self._session
-
-
-def _difference(served: _Served, reference: _Served) -> str | None:
-    """The first thing ``served`` serves differently from ``reference``, in words, or None."""
-    there = reference.url
-    if served.env_name != reference.env_name:
-        return f"env {served.env_name!r}, but {there} serves env {reference.env_name!r}"
-    if list(served.catalogue) != list(reference.catalogue):
-        return f"the splits {list(served.catalogue)}, but {there} serves {list(reference.catalogue)}"
-    for split, ids in served.catalogue.items():
-        theirs = reference.catalogue[split]
-        if ids != theirs:
-            for index, (mine, its) in enumerate(zip(ids, theirs, strict=False)):
-                if mine != its:
-                    return f"{mine!r} as task #{index} of split {split!r}, but {there} serves {its!r}"
-            return f"{len(ids)} tasks in split {split!r}, but {there} serves {len(theirs)}"
-    return None
 
 
 def _full_message(pool: EnvPool, waited: float) -> str:

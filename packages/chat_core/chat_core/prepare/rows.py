@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from chat_core.protocol import TaskInfo, Tool, server_url
+from chat_core.env.protocol import TaskInfo, Tool, server_url
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from chat_core.results import EpisodeResult, Flag, FlagKind
+from chat_core.record.results import EpisodeResult, Flag, FlagKind
 
 OUTCOME_KEY = "episode_outcome"
 """The key of a sample's metadata that holds its episode's outcome."""

@@ -2,7 +2,7 @@
 it, and an observation as an episode's session answers. Each is read from JSON here, with no network code, so the
 rows, the episode record, the filters and the metrics use them without loading a client.
 
-What the server sends that isn't one of these raises the ``chat_core.errors`` case that says so: the Task API's
+What the server sends that isn't one of these raises the ``chat_core.env.errors`` case that says so: the Task API's
 ``NotAnOpenEnvServer``, a session's ``EpisodeProtocolError``."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from chat_core._wire import excerpt
-from chat_core.errors import EpisodeProtocolError, InvalidServerUrl, NotAnOpenEnvServer
+from chat_core.env.errors import EpisodeProtocolError, InvalidServerUrl, NotAnOpenEnvServer
 
 CAPACITY_REACHED = "CAPACITY_REACHED"
 

@@ -11,12 +11,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from chat_core._http import Answer, ConnectionRefused, check_url, request
-from chat_core._wire import excerpt, parse_json, wire_text
+from chat_core._wire import FLAG_EXCERPT, excerpt, parse_json, wire_text
+from chat_core.net.http_request import Answer, ConnectionRefused, check_url, request
 from chat_core.retry import chat_retry_wait
 
 logger = logging.getLogger(__name__)
-_TEXT_LIMIT = 500
 
 
 @dataclass(frozen=True)
@@ -30,7 +29,7 @@ class ChatEndpoint:
 
     def request_headers(self) -> dict[str, str]:
         """The headers of its chat requests: JSON bodies, and ``headers``. Raises ValueError when requests to
-        ``url`` with them can't be sent (see ``chat_core._http.check_url``)."""
+        ``url`` with them can't be sent (see ``chat_core.net.http_request.check_url``)."""
         headers = {"Content-Type": "application/json", "Accept": "application/json", **self.headers}
         check_url(self.url, headers)
         return headers
@@ -48,9 +47,9 @@ async def post(
     """The chat endpoint's answer to ``body`` (sent with ``headers``), read up to ``max_answer_bytes``. A refused
     connection and a retryable status (``chat_core.retry``) are tried again after the backoff, or the
     ``Retry-After`` seconds when longer (``chat_core.retry.chat_retry_wait``), while the wait ends before the
-    monotonic ``deadline``; ``retried`` is called
-    before each retry. Then the last answer is returned, whatever its status; raises ``chat_core._http``'s HttpError
-    (ConnectionRefused, AnswerTooLong) when the last attempt got no answer. The caller bounds the time."""
+    monotonic ``deadline``; ``retried`` is called before each retry. Then the last answer is returned, whatever its
+    status; raises ``chat_core.net.http_request``'s HttpError (ConnectionRefused, AnswerTooLong) when the last attempt
+    got no answer. The caller bounds the time."""
     attempt = 0
     while True:
         try:
@@ -99,16 +98,16 @@ def reply_of(raw: bytes, seen: int) -> Reply:
         completion = parse_json(raw)
     except ValueError as e:
         raise UnreadableReply(
-            f"answered with something that isn't JSON ({e}): {excerpt(wire_text(raw), _TEXT_LIMIT)}"
+            f"answered with something that isn't JSON ({e}): {excerpt(wire_text(raw), FLAG_EXCERPT)}"
         ) from None
     choices = completion.get("choices") if isinstance(completion, dict) else None
     choice = choices[0] if isinstance(choices, list) and choices else None
     message = choice.get("message") if isinstance(choice, dict) else None
     if not isinstance(message, dict):
-        raise UnreadableReply(f"answered without a choice holding a message: {excerpt(wire_text(raw), _TEXT_LIMIT)}")
+        raise UnreadableReply(f"answered without a choice holding a message: {excerpt(wire_text(raw), FLAG_EXCERPT)}")
     if choice.get("finish_reason") == "abort":
         raise AbortedReply(
-            f"aborted the reply (finish_reason 'abort'), cut at {excerpt(message.get('content') or '', _TEXT_LIMIT)}"
+            f"aborted the reply (finish_reason 'abort'), cut at {excerpt(message.get('content') or '', FLAG_EXCERPT)}"
         )
     text = _text_of(message.get("content"))
     calls = message.get("tool_calls") or []
@@ -118,7 +117,7 @@ def reply_of(raw: bytes, seen: int) -> Reply:
         and isinstance(call["function"].get("name"), str)
         for call in calls
     ):
-        raise UnreadableReply(f"answered with tool calls that aren't OpenAI tool calls: {excerpt(calls, _TEXT_LIMIT)}")
+        raise UnreadableReply(f"answered with tool calls that aren't OpenAI tool calls: {excerpt(calls, FLAG_EXCERPT)}")
     calls = [
         call if isinstance(call.get("id"), str) and call["id"] else {**call, "id": f"call_{seen}_{position}"}
         for position, call in enumerate(calls)
@@ -139,7 +138,9 @@ def _text_of(content: Any) -> str:
         return content
     if isinstance(content, list) and all(isinstance(part, dict) for part in content):
         return "".join(str(part.get("text") or "") for part in content if part.get("type") == "text")
-    raise UnreadableReply(f"answered with content that is neither text nor text parts: {excerpt(content, _TEXT_LIMIT)}")
+    raise UnreadableReply(
+        f"answered with content that is neither text nor text parts: {excerpt(content, FLAG_EXCERPT)}"
+    )
 
 
 def arguments_of(raw: Any) -> dict[str, Any] | str:
@@ -153,7 +154,7 @@ def arguments_of(raw: Any) -> dict[str, Any] | str:
     try:
         parsed = parse_json(raw)
     except ValueError as e:
-        return f"the arguments aren't valid JSON ({e}): {excerpt(raw, _TEXT_LIMIT)}"
+        return f"the arguments aren't valid JSON ({e}): {excerpt(raw, FLAG_EXCERPT)}"
     if not isinstance(parsed, dict):
-        return f"the arguments must be a JSON object, not {excerpt(raw, _TEXT_LIMIT)}"
+        return f"the arguments must be a JSON object, not {excerpt(raw, FLAG_EXCERPT)}"
     return parsed

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from chat_core.rows import EpisodeRef
+from chat_core.prepare.rows import EpisodeRef
 
 
 class FlagKind(StrEnum):
@@ -138,3 +138,10 @@ class EpisodeResult:
     def scored(self) -> bool:
         """Whether the reward can be trained on: the env gave one and no fatal flag was raised."""
         return self.reward is not None and not any(flag.fatal for flag in self.flags)
+
+    def flag(self, kind: FlagKind, message: str) -> None:
+        """Note that ``kind`` went wrong, as ``message`` says; a fatal kind leaves the episode without a reward."""
+        flag = Flag(kind, message)
+        self.flags.append(flag)
+        if flag.fatal:
+            self.reward = None

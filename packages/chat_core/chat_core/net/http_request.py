@@ -1,5 +1,5 @@
 """chat_core's HTTP requests (chat completions and the env server's Task API), made with aiohttp on the event loop's
-one client session (``chat_core._net``), each answer's body read no further than its caller's limit.
+one client session (``chat_core.net.http_session``), each answer's body read no further than its caller's limit.
 
 aiohttp parses the answers (its C parser refuses malformed heads, bad chunk framing and over-long lines), undoes a
 content coding in bounded steps, keeps connections, speaks TLS and goes through a proxy. What it leaves to the
@@ -18,8 +18,9 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from chat_core._net import MAX_HEAD_LINE_BYTES, MAX_HEADERS, http_session, proxy_for, tls_context
 from chat_core._wire import described
+from chat_core.net.http_session import MAX_HEAD_LINE_BYTES, MAX_HEADERS, http_session
+from chat_core.net.settings import check_proxies, tls_context
 
 
 class HttpError(Exception):
@@ -37,7 +38,12 @@ class MalformedAnswer(HttpError):
 
 
 class AnswerTooLong(MalformedAnswer):
-    """The answer's body ran past the caller's limit; it was read no further."""
+    """The answer's body ran past the caller's limit, or announced it would; it was read no further."""
+
+
+class Redirected(HttpError):
+    """The endpoint answered with a redirect, which chat_core doesn't follow: the request's body and headers, the
+    model's key among them, would go wherever the answer points."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,7 @@ class Answer:
 
 def check_url(url: str, headers: Mapping[str, str]) -> None:
     """Raise ValueError when requests to ``url`` with ``headers`` can't be sent: ``url`` isn't an absolute http(s)
-    URL, holds credentials, a header holds a line break, or the proxy the environment names for it (when
+    URL, holds credentials, a header holds a line break, or a proxy the environment names (when
     ``CHAT_CORE_PROXY_FROM_ENV=1``) isn't an http:// URL."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -60,7 +66,7 @@ def check_url(url: str, headers: Mapping[str, str]) -> None:
         raise ValueError(f"the URL {url!r} holds credentials; send them in a header instead")
     if any("\r" in text or "\n" in text for pair in headers.items() for text in pair):
         raise ValueError(f"a header for {url} holds a line break")
-    proxy_for(parts.scheme, parts.hostname)
+    check_proxies()
 
 
 async def request(
@@ -68,13 +74,10 @@ async def request(
 ) -> Answer:
     """The answer to one ``method`` request to ``url`` carrying ``body`` (None for none), its body read up to
     ``max_body_bytes`` (the limit called ``limit_name`` in the message when it is passed). The caller bounds the
-    time. Raises ConnectionRefused when the endpoint refused the connection, AnswerTooLong when the body is longer
-    than the limit, MalformedAnswer when what answered isn't HTTP/1.1, and HttpError when the request got no whole
-    answer otherwise (its message says why: the certificate, a connection lost midway)."""
-    parts = urlsplit(url)
-    proxy = proxy_for(parts.scheme, parts.hostname or "")
-    if proxy is not None and parts.scheme == "http":
-        headers = {**headers, **proxy.headers}
+    time. Raises ConnectionRefused when the endpoint refused the connection, Redirected when it answered with a
+    redirect (3xx), AnswerTooLong when the body is longer than the limit, MalformedAnswer when what answered isn't
+    HTTP/1.1, and HttpError when the request got no whole answer otherwise (its message says why: the certificate, a
+    connection lost midway)."""
     session = await http_session()
     try:
         async with session.request(
@@ -83,10 +86,13 @@ async def request(
             data=body,
             headers=headers,
             allow_redirects=False,
-            ssl=tls_context() if parts.scheme == "https" else True,
-            proxy=proxy.address if proxy else None,
-            proxy_headers=proxy.headers if proxy else None,
+            ssl=tls_context() if url.startswith("https:") else True,
         ) as response:
+            if 300 <= response.status < 400:
+                raise Redirected(
+                    f"answered HTTP {response.status}, a redirect to {response.headers.get('Location', 'nowhere')}, "
+                    "which chat_core doesn't follow: give the URL it points to"
+                )
             return Answer(response.status, response.headers, await _body(response, max_body_bytes, limit_name))
     except aiohttp.ClientConnectorError as e:
         if isinstance(e.os_error, ConnectionRefusedError):
@@ -104,9 +110,12 @@ async def request(
 
 async def _body(response: aiohttp.ClientResponse, limit: int, limit_name: str) -> bytes:
     """``response``'s body as it arrives, decoded from its content coding; AnswerTooLong as soon as it passes
-    ``limit`` bytes (before any is read when its announced length does)."""
+    ``limit`` bytes, or before any is read when its announced length (``Content-Length``) does."""
     if response.content_length is not None and response.content_length > limit:
-        raise AnswerTooLong(f"the answer's body is {response.content_length} bytes, over {limit_name}={limit}")
+        raise AnswerTooLong(
+            f"the answer announced a body of {response.content_length} bytes, over {limit_name}={limit}; none of it "
+            "was read"
+        )
     body = bytearray()
     async for chunk in response.content.iter_any():
         body += chunk

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from chat_core.outcome import EpisodeOutcome
+from chat_core.record.outcome import EpisodeOutcome
 
 SAMPLE_ABORTED = "sample_aborted"
 NO_OUTCOME = "no_episode_outcome"

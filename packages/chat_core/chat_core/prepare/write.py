@@ -1,5 +1,5 @@
-"""``python -m chat_core.prepare URL OUT`` writes every split of the OpenEnv server at URL as ``OUT/<split>.jsonl``,
-one row per task (see ``chat_core.rows``), for a trainer's dataset to read.
+"""``write_rows`` writes every split of an OpenEnv server as ``OUT/<split>.jsonl``, one row per task (see
+``chat_core.prepare.rows``), for a trainer's dataset to read.
 
 Pipeline: Task API (env name, splits, tasks) → one probe episode per distinct task for its first turn's tools →
 rows → a temporary folder beside OUT, renamed to OUT once every file is written, so OUT is whole or absent.
@@ -14,23 +14,20 @@ limit; each worker probes its tasks one after another in one session (``ProbeSes
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import shutil
 import sys
-import time
 import uuid
 from collections import deque
 from pathlib import Path
 
 from tqdm import tqdm
 
-from chat_core._cli import positive_int
-from chat_core.errors import OpenEnvError
-from chat_core.openenv_client import MAX_TASK_API_ANSWER_BYTES, CapacityWait, OpenEnvServer, ProbeSession
-from chat_core.protocol import TaskInfo, Tool
-from chat_core.rows import row_line, task_row
+from chat_core.env.protocol import TaskInfo, Tool
+from chat_core.env.session import ProbeSession
+from chat_core.env.task_api import MAX_TASK_API_ANSWER_BYTES, OpenEnvServer
+from chat_core.prepare.rows import row_line, task_row
 
 DEFAULT_CONCURRENCY = 8
 
@@ -45,15 +42,14 @@ async def write_rows(
     out: Path,
     *,
     concurrency: int = DEFAULT_CONCURRENCY,
-    capacity_wait: CapacityWait | None = None,
     progress: bool = True,
     max_answer_bytes: int = MAX_TASK_API_ANSWER_BYTES,
 ) -> dict[str, int]:
     """Write every split of the server at ``url`` as ``out/<split>.jsonl`` and return each split's row count, in
-    the server's split order. Probes run at most ``concurrency`` at a time, each waiting for a free session as
-    ``capacity_wait`` says; ``progress`` shows a progress bar on stderr. A Task API answer longer than
-    ``max_answer_bytes`` and a session message longer than ``Limits.max_env_message_bytes`` are refused as the
-    server breaking the protocol.
+    the server's split order. Probes run at most ``concurrency`` at a time, each waiting up to
+    ``Limits.capacity_wait_s`` for a free session; ``progress`` shows a progress bar on stderr. A Task API answer
+    longer than ``max_answer_bytes`` and a session message longer than ``Limits.max_env_message_bytes`` are refused
+    as the server breaking the protocol.
 
     Nothing is left at ``out`` unless every file was written. Raises FileExistsError when ``out`` exists,
     FileNotFoundError when its parent folder doesn't, ValueError when ``concurrency`` is below 1, the
@@ -68,12 +64,12 @@ async def write_rows(
     env_name = await server.env_name()
     splits = {split: await server.tasks(split) for split in await server.splits()}
     for split in splits:
-        if split in ("", ".", "..") or "/" in split or "\0" in split or split.startswith("."):
+        if not split or "/" in split or "\0" in split or split.startswith("."):
             raise PrepareError(f"the server has a split named {split!r}, which can't be a file name in {out}")
     if not any(splits.values()):
         raise PrepareError(f"{server.url} serves no task: its splits ({', '.join(splits) or 'none'}) are empty")
     distinct = list({task.id: task for tasks in splits.values() for task in tasks}.values())
-    tools = await _first_turn_tools(server.url, distinct, concurrency, capacity_wait, progress)
+    tools = await _first_turn_tools(server.url, distinct, concurrency, progress)
     _check_free(out)
     staging = out.with_name(f".{out.name}.{uuid.uuid4().hex}.partial")
     staging.mkdir()
@@ -91,42 +87,7 @@ async def write_rows(
     return {split: len(tasks) for split, tasks in splits.items()}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command: writes the rows and one summary line per split on stderr, and returns 0; or, on any refusal
-    ``write_rows`` documents, says why on stderr and returns 1 with nothing written."""
-    parser = argparse.ArgumentParser(
-        prog="python -m chat_core.prepare",
-        description="Write every split of an OpenEnv server of agentenv tasks as OUT/<split>.jsonl, one chat row "
-        "per task, for slime or Miles (--input-key messages --metadata-key metadata).",
-    )
-    parser.add_argument("url", help="the server's base URL, e.g. http://127.0.0.1:8000")
-    parser.add_argument(
-        "out", type=Path, help="the folder to create; it must not exist (relative to where `bazel run` was called)"
-    )
-    parser.add_argument(
-        "--concurrency",
-        type=positive_int,
-        default=DEFAULT_CONCURRENCY,
-        help="probe episodes open at once, at most the server's max_concurrent_envs "
-        f"(default {DEFAULT_CONCURRENCY}, the server's default)",
-    )
-    args = parser.parse_args(argv)
-    args.out = Path(os.environ.get("BUILD_WORKING_DIRECTORY", ".")) / args.out
-    began = time.monotonic()
-    try:
-        counts = asyncio.run(write_rows(args.url, args.out, concurrency=args.concurrency))
-    except (OpenEnvError, PrepareError, OSError) as e:
-        print(f"prepare: {e}", file=sys.stderr)
-        return 1
-    for split, count in counts.items():
-        print(f"prepare: split {split!r}: {count} rows in {args.out / f'{split}.jsonl'}", file=sys.stderr)
-    print(f"prepare: done in {time.monotonic() - began:.1f} s", file=sys.stderr)
-    return 0
-
-
-async def _first_turn_tools(
-    url: str, tasks: list[TaskInfo], concurrency: int, capacity_wait: CapacityWait | None, progress: bool
-) -> dict[str, list[Tool]]:
+async def _first_turn_tools(url: str, tasks: list[TaskInfo], concurrency: int, progress: bool) -> dict[str, list[Tool]]:
     """Each task's first-turn tools by task id, probed by workers, each in one session, that stop, beyond the
     server's session limit once a refusal reports it, after their current probe. The first failure cancels the
     other probes and is raised."""
@@ -136,7 +97,7 @@ async def _first_turn_tools(
 
     async def work(slot: int) -> None:
         nonlocal allowed
-        async with ProbeSession(url, capacity_wait=capacity_wait) as session:
+        async with ProbeSession(url) as session:
             while pending and slot < allowed:
                 task = pending.popleft()
                 found[task.id] = await _probed(session, task)
@@ -178,7 +139,3 @@ def _check_free(out: Path) -> None:
         raise FileExistsError(f"{out} already exists; give a folder that doesn't, so no rows are mixed or lost")
     if not out.parent.is_dir():
         raise FileNotFoundError(f"{out.parent} isn't a folder; create it first, then write the rows into {out}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

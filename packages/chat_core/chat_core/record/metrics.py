@@ -1,5 +1,6 @@
 """Per-episode metrics of a rollout step or an eval split, counted once per episode however many samples it came
-back as: the numbers both helpers' rollout-log functions hand to their trainer's own logger."""
+back as: the numbers both helpers' rollout-log functions hand to their trainer's own logger, at the trainer's own
+step (``log_rollout``, ``log_eval``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from chat_core.outcome import EpisodeOutcome
+from chat_core.record.outcome import EpisodeOutcome
+
+ROLLOUT_STEP = "rollout/step"
+EVAL_STEP = "eval/step"
+StepLog = Callable[[dict[str, float], str], None]
+"""A trainer's logger as the log functions call it: the metrics, and the name of the step they are logged at."""
 
 
 def episode_metrics(outcomes: Sequence[EpisodeOutcome], samples: Sequence[int]) -> dict[str, float]:
@@ -35,9 +41,8 @@ def episode_metrics(outcomes: Sequence[EpisodeOutcome], samples: Sequence[int]) 
         "scored_share": len(rewards) / episodes,
         "truncated_share": sum(outcome.truncated for outcome in outcomes) / episodes,
     }
+    metrics.update(reward_mean_se(rewards))
     if rewards:
-        metrics["reward_mean"] = statistics.fmean(rewards)
-        metrics["reward_se"] = statistics.stdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else 0.0
         metrics["zero_reward_share"] = sum(reward == 0 for reward in rewards) / len(rewards)
     for reason, count in Counter(outcome.reason for outcome in outcomes if not outcome.scored).items():
         metrics[f"unscored_share/{reason}"] = count / episodes
@@ -48,6 +53,14 @@ def episode_metrics(outcomes: Sequence[EpisodeOutcome], samples: Sequence[int]) 
     for name in ("env_s", "model_s", "capacity_wait_s", "wall_s"):
         metrics[f"{name}_mean"] = statistics.fmean(getattr(outcome, name) for outcome in outcomes)
     return metrics
+
+
+def reward_mean_se(rewards: Sequence[float]) -> dict[str, float]:
+    """``reward_mean`` of ``rewards`` and ``reward_se``, its standard error (0 for one reward); nothing for none."""
+    if not rewards:
+        return {}
+    spread = statistics.stdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else 0.0
+    return {"reward_mean": statistics.fmean(rewards), "reward_se": spread}
 
 
 def _p90(values: Sequence[float]) -> float:
@@ -94,3 +107,19 @@ def eval_log_metrics(data: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
         for split, evaluated in data.items()
         for name, value in sample_metrics(evaluated.get("samples") or (), id).items()
     }
+
+
+def log_rollout(samples: Sequence[Any], step: int, log: StepLog) -> bool:
+    """A trainer's rollout-log function: hand ``log`` the step's per-episode metrics (``rollout_log_metrics``) at
+    ``rollout/step`` ``step``. Returns False, so the trainer's default per-sample logging runs too."""
+    log({**rollout_log_metrics(samples), ROLLOUT_STEP: step}, ROLLOUT_STEP)
+    return False
+
+
+def log_eval(data: Mapping[str, Mapping[str, Any]], step: int, log: StepLog) -> bool:
+    """A trainer's eval-log function: hand ``log`` each split's per-episode metrics (``eval_log_metrics``) at
+    ``eval/step`` ``step``, when any sample holds an outcome. Returns False, so the trainer's default logging runs
+    too."""
+    if metrics := eval_log_metrics(data):
+        log({**metrics, EVAL_STEP: step}, EVAL_STEP)
+    return False
