@@ -16,11 +16,16 @@ hands the agent no launch arguments, so the first reward is the earliest point t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from chat_core import EpisodeOutcome
-from chat_core.record.filters import Episode, require_filter, scored_group_drop, scored_nonzero_std_group_drop
+from chat_core.record.filters import (
+    Episode,
+    episodes_of,
+    require_filter,
+    scored_group_drop,
+    scored_nonzero_std_group_drop,
+)
 from miles.rollout.filter_hub.base_types import DynamicFilterOutput
 from miles.utils.misc import load_function
 from miles.utils.types import Sample
@@ -44,7 +49,7 @@ async def reward(
 def keep_scored_groups(args: Any, group: list[Sample] | list[list[Sample]], **kwargs: Any) -> DynamicFilterOutput:
     """Keep a group only when every episode in it can be trained on. A group is a list of samples (v1) or a list
     of each episode's samples (v2)."""
-    return _output(scored_group_drop(list(_episodes(group))))
+    return _output(scored_group_drop(_episodes(group)))
 
 
 def keep_scored_nonzero_std_groups(
@@ -52,7 +57,7 @@ def keep_scored_nonzero_std_groups(
 ) -> DynamicFilterOutput:
     """``keep_scored_groups``, and leave out a group whose episodes all earned the same reward
     (``same_reward_<reward>``), which gives GRPO no signal."""
-    return _output(scored_nonzero_std_group_drop(list(_episodes(group))))
+    return _output(scored_nonzero_std_group_drop(_episodes(group)))
 
 
 FILTERS = {
@@ -67,11 +72,8 @@ def _reward_of(sample: Sample) -> float | None:
     return outcome.reward if outcome is not None else None
 
 
-def _episodes(group: list[Sample] | list[list[Sample]]) -> Iterator[Episode]:
-    for member in group:
-        samples = member if isinstance(member, list) else [member]
-        outcome = EpisodeOutcome.from_metadata(samples[0].metadata)
-        yield Episode(outcome, any(sample.status == Sample.Status.ABORTED for sample in samples))
+def _episodes(group: list[Sample] | list[list[Sample]]) -> list[Episode]:
+    return episodes_of(group, Sample.Status.ABORTED)
 
 
 def _output(reason: str | None) -> DynamicFilterOutput:

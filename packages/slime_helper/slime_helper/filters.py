@@ -12,8 +12,7 @@ from __future__ import annotations
 from argparse import Namespace
 from typing import Any
 
-from chat_core import EpisodeOutcome
-from chat_core.record.filters import Episode, scored_group_drop, scored_nonzero_std_group_drop
+from chat_core.record.filters import Episode, episodes_of, scored_group_drop, scored_nonzero_std_group_drop
 
 from slime_helper._slime import slime
 
@@ -38,13 +37,7 @@ FILTERS = {
 
 
 def _episodes(samples: list) -> list[Episode]:
-    aborted = slime().Sample.Status.ABORTED
-    episodes = []
-    for entry in samples:
-        members = entry if isinstance(entry, list) else [entry]
-        outcome = EpisodeOutcome.from_metadata(members[0].metadata)
-        episodes.append(Episode(outcome, any(member.status == aborted for member in members)))
-    return episodes
+    return episodes_of(samples, slime().Sample.Status.ABORTED)
 
 
 def _output(reason: str | None) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from chat_core.record.outcome import EpisodeOutcome
 
@@ -32,6 +33,18 @@ class Episode:
 
     outcome: EpisodeOutcome | None
     aborted: bool
+
+
+def episodes_of(group: Sequence[Any], aborted_status: object) -> list[Episode]:
+    """The episodes of a prompt group as slime and Miles hand it to a dynamic filter: for each episode one sample or
+    the list of its samples, each carrying a helper's outcome in its ``metadata`` (read from the first) and the
+    trainer's ``status``, ``aborted_status`` being the status the trainer gives a sample it aborted."""
+    episodes = []
+    for entry in group:
+        samples = entry if isinstance(entry, list) else [entry]
+        outcome = EpisodeOutcome.from_metadata(samples[0].metadata)
+        episodes.append(Episode(outcome, any(sample.status == aborted_status for sample in samples)))
+    return episodes
 
 
 def unscored_reason(episode: Episode) -> str | None:
