@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -34,6 +35,7 @@ from chat_core.evaluate.run import Run, evaluate
 from chat_core.prepare.rows import EpisodeRef
 from test_support.loopback import LoopbackServer, Request
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
 
 CONCURRENCIES = (1, 32, 256)
 _WARM_UP = 4
@@ -62,19 +64,21 @@ def _observation(body: dict[str, Any], *, done: bool = False, metadata: dict[str
 
 
 async def _episode(ws: ServerConnection) -> None:
-    """One episode of the stand-in env's task, as agent-env's server speaks it."""
-    async for raw in ws:
-        message = json.loads(raw)
-        if message["type"] == "reset":
-            await ws.send(_observation({}, metadata={"task": TASK, "prompt": "Where are the pears?"}))
-            continue
-        step = message["data"]
-        if step["type"] == "list_tools":
-            await ws.send(_observation({"tools": [TOOL]}))
-        elif step["tool_name"] == "end_turn":
-            await ws.send(_observation({"result": {"data": "done"}}, done=True))
-        else:
-            await ws.send(_observation({"result": {"data": "shelf 9C"}}))
+    """One episode of the stand-in env's task, as agent-env's server speaks it, until the client closes the session
+    or drops it (chat_core drops the sessions it parked when its event loop ends)."""
+    with contextlib.suppress(ConnectionClosed):
+        async for raw in ws:
+            message = json.loads(raw)
+            if message["type"] == "reset":
+                await ws.send(_observation({}, metadata={"task": TASK, "prompt": "Where are the pears?"}))
+                continue
+            step = message["data"]
+            if step["type"] == "list_tools":
+                await ws.send(_observation({"tools": [TOOL]}))
+            elif step["tool_name"] == "end_turn":
+                await ws.send(_observation({"result": {"data": "done"}}, done=True))
+            else:
+                await ws.send(_observation({"result": {"data": "shelf 9C"}}))
 
 
 async def _serve() -> None:
