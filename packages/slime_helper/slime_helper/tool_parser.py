@@ -43,11 +43,13 @@ def check_tool_parser(template: ChatTemplate, parser: str) -> None:
         return
     if _reads(written, parser):
         return
-    logging.disable(logging.ERROR)  # slime logs a traceback for each parser that fails on the probe
+    # slime's parsing logs a traceback for each parser that fails on the probe; only its logger is quieted.
+    parsing_log = logging.getLogger(slime().parse_tool_uses.__module__)
+    was_disabled, parsing_log.disabled = parsing_log.disabled, True
     try:
         readers = [name for name in _sglang_parsers() if name != parser and _reads(written, name)]
     finally:
-        logging.disable(logging.NOTSET)
+        parsing_log.disabled = was_disabled
     fix = (
         f"launch with --sglang-tool-call-parser {readers[0]} (the SGLang parsers that read it: {', '.join(readers)})"
         if readers
