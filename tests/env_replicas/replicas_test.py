@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,7 +137,7 @@ def test_one_replica_on_each_node_plays_a_scored_episode_through_the_pool(
 
     async def one_on_each() -> list[EpisodeResult]:
         return await asyncio.gather(
-            *(_played(rows["played"], scripted_model, SCRIPTS["played"], f"first{n}", Limits()) for n in range(2))
+            *(_played(rows["played"], scripted_model, SCRIPTS["played"], f"first{n}") for n in range(2))
         )
 
     results = asyncio.run(one_on_each())
@@ -155,13 +155,13 @@ def test_a_replica_killed_mid_episode_costs_that_episode_and_serves_again_at_its
 ) -> None:
     doomed, other = deployment.urls
     doomed_folder = deployment.folder(doomed, state_dir)
-    limits = Limits(env_servers=deployment.urls)
     slow = [delay(3, tool_call("find_crate", {"name": "pears"})), text("The crate of pears is on shelf 9C.")]
     killed = serving_pid(doomed)
 
     async def killed_mid_episode() -> tuple[list[EpisodeResult], list[Path], list[int]]:
         playing = [
-            asyncio.create_task(_played(rows["played"], scripted_model, slow, f"mid{n}", limits)) for n in range(2)
+            asyncio.create_task(_played(rows["played"], scripted_model, slow, f"mid{n}", deployment.urls))
+            for n in range(2)
         ]
         await until(lambda: all(scripted_model.requests_of(f"mid{n}") for n in range(2)), "both episodes playing")
         sandboxes, tool_servers = _sandboxes(doomed_folder), _tool_servers(doomed_folder)
@@ -171,9 +171,7 @@ def test_a_replica_killed_mid_episode_costs_that_episode_and_serves_again_at_its
     during, sandboxes_before, tool_servers_before = asyncio.run(killed_mid_episode())
     asyncio.run(until(lambda: serves(doomed), f"{doomed} serving again", timeout=120))
     sandboxes_after, tool_servers_after = _sandboxes(doomed_folder), _tool_servers(doomed_folder)
-    again = asyncio.run(
-        _played(rows["played"], scripted_model, SCRIPTS["played"], "again", Limits(env_servers=[doomed]))
-    )
+    again = asyncio.run(_played(rows["played"], scripted_model, SCRIPTS["played"], "again", [doomed]))
 
     on_doomed = next(result for result in during if result.env_server == doomed)
     on_other = next(result for result in during if result.env_server == other)
@@ -197,7 +195,7 @@ def test_down_stops_every_replica_and_leaves_no_actor_tool_server_or_sandbox(
     slow = [delay(3, tool_call("find_crate", {"name": "pears"})), text("The crate of pears is on shelf 9C.")]
 
     async def down_mid_episode() -> tuple[EpisodeResult, list[int], subprocess.CompletedProcess[str]]:
-        playing = asyncio.create_task(_played(rows["played"], scripted_model, slow, "last", Limits()))
+        playing = asyncio.create_task(_played(rows["played"], scripted_model, slow, "last"))
         await until(lambda: bool(scripted_model.requests_of("last")), "the episode playing")
         tool_servers = _tool_servers(state_dir / NAME)
         stopped = await asyncio.to_thread(_env_replicas, "down", NAME, "--address", cluster.address)
@@ -220,11 +218,11 @@ def test_down_stops_every_replica_and_leaves_no_actor_tool_server_or_sandbox(
 
 
 async def _played(
-    metadata: dict[str, Any], model: ScriptedModel, steps: Any, session: str, limits: Limits
+    metadata: dict[str, Any], model: ScriptedModel, steps: Any, session: str, servers: Sequence[str] = ()
 ) -> EpisodeResult:
     model.script(steps, session=session)
     chat = ChatEndpoint(model.base_url + "/chat/completions", "policy", {"Authorization": f"Bearer {session}"})
-    return await play(metadata, chat, {}, limits)
+    return await play(metadata, chat, {}, Limits(), env_servers=servers)
 
 
 def _raylets(cluster: Cluster) -> list[int]:

@@ -37,7 +37,7 @@ except TierUnready as unready:
     raise pytest.UsageError(str(unready)) from None
 
 import miles_hooks
-from chat_core.prepare.write import write_rows
+from chat_core.prepare import write_rows
 from miles.ray.rollout import router_manager
 from miles.rollout.base_types import RolloutFnConstructorInput, RolloutFnTrainInput
 from miles.rollout.data_source import RolloutDataSourceWithBuffer

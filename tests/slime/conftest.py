@@ -29,7 +29,7 @@ try:
 except TierUnready as unready:
     raise pytest.UsageError(str(unready)) from None
 
-from chat_core.prepare.write import write_rows
+from chat_core.prepare import write_rows
 from launch import EVAL_SPLIT, THINKING_OFF, parse_slime_args, slime_command
 from sglang_stand_in import StandInSGLang, by_task
 from slime.observability.logging_utils import configure_logger

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from chat_core import EpisodeOutcome
-from chat_core.prepare.write import write_rows
+from chat_core.prepare import write_rows
 from launch import EVAL_SPLIT, THINKING_OFF, parse_slime_args, slime_command
 from rollout import on_slime_loop, sampling_params, split_response
 from sglang_stand_in import StandInSGLang, by_task

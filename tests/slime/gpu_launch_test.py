@@ -11,9 +11,9 @@ from launch import parse_slime_args
 from launches import MAX_TURNS, TRAIN_SPLIT, Run, function_paths, slime_args, write_slime_config
 from slime.utils.misc import load_function
 from slime_helper import AdapterService, keep_scored_nonzero_std_groups, log_eval_rollout, log_rollout
-from slime_helper.append_only import AppendOnlyTokenizer
 from slime_helper.generate import episode_limits, generate
 from slime_helper.rewards import normalize_per_episode
+from slime_helper.tokenizers import AppendOnlyTokenizer
 from test_support.gpu_launch import check_evals, check_functions, ready_to_parse
 
 EVAL = "happy"

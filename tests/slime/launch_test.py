@@ -29,8 +29,8 @@ from slime_helper import (
     normalize_per_episode,
 )
 from slime_helper._slime import SUPPORTED_SLIME, slime
-from slime_helper.append_only import AppendOnlyChat
 from slime_helper.chat_template import ChatTemplate, TemplateFailed
+from slime_helper.renderer import AppendOnlyRenderer
 from test_support.checkpoint import family_checkpoint
 from test_support.families import FAMILIES, MINIMAX_M3
 
@@ -205,9 +205,10 @@ def test_an_append_only_setting_that_isnt_true_or_false_is_refused(launch, fresh
 
 @pytest.mark.parametrize("family", [FAMILIES[2], FAMILIES[6], MINIMAX_M3], ids=lambda family: family.name)
 def test_a_later_system_message_the_template_refuses_moves_or_drops_is_rendered_where_it_comes(family, tmp_path):
-    chat = AppendOnlyChat.of(ChatTemplate(load_tokenizer(str(family_checkpoint(tmp_path / family.name, family))), {}))
+    template = ChatTemplate(load_tokenizer(str(family_checkpoint(tmp_path / family.name, family))), {})
+    renderer = AppendOnlyRenderer.of(template)
 
-    added = chat.continuation([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Go."}])
+    added = renderer.added_text([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Go."}])
 
-    assert added.startswith(chat.closing)
+    assert added.startswith(renderer.end_of_reply)
     assert 0 < added.index("Be brief.") < added.index("Go.")

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from chat_core import EpisodeOutcome
-from chat_core.prepare.write import write_rows
+from chat_core.prepare import write_rows
 from chat_core.record.metrics import rollout_log_metrics
 from launch import parse_slime_args, slime_command
 from rollout import SAMPLE_PER_TURN, group_of, rollout, rollout_manager
@@ -34,8 +34,9 @@ from sglang_stand_in import Generated, StandInSGLang
 from slime.agent.trajectory import TurnRecord
 from slime.utils.processing_utils import load_tokenizer
 from slime_helper import AdapterService
-from slime_helper.append_only import AppendOnlyChat, AppendOnlyTokenizer, WholeChatTokenizer, turn_session
 from slime_helper.chat_template import ChatTemplate
+from slime_helper.renderer import AppendOnlyRenderer
+from slime_helper.tokenizers import AppendOnlyTokenizer, WholeChatTokenizer, turn_session
 from test_support import SAMPLE_BUNDLE, serve_bundle, text, tool_call, tool_calls
 from test_support.checkpoint import family_checkpoint
 from test_support.families import FAMILIES, Family, Mode, written
@@ -394,7 +395,7 @@ def serving_episode() -> Iterator[str]:
 
 def test_a_turn_whose_tools_or_earlier_messages_changed_is_rendered_whole(tokenizer, caplog, serving_episode):
     template = ChatTemplate(tokenizer, {"enable_thinking": False})
-    appended, whole = AppendOnlyTokenizer(AppendOnlyChat.of(template)), WholeChatTokenizer(template)
+    appended, whole = AppendOnlyTokenizer(AppendOnlyRenderer.of(template)), WholeChatTokenizer(template)
     tools = [{"type": "function", "function": {"name": "find_crate", "description": "Find it.", "parameters": {}}}]
     chat = [{"role": "system", "content": "You keep a warehouse."}, {"role": "user", "content": "Where are the pears?"}]
     call = {"type": "function", "function": {"name": "find_crate", "arguments": {"name": "pears"}}}

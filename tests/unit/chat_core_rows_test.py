@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 from chat_core import ServerError
 from chat_core.env.task_api import OpenEnvServer
+from chat_core.episode_ref import EpisodeRef
+from chat_core.prepare import write_rows
 from chat_core.prepare.command import main
-from chat_core.prepare.rows import EpisodeRef
-from chat_core.prepare.write import write_rows
 from test_support import SAMPLE_ENV, ServedBundle
 from test_support.loopback import LoopbackServer, Request
 
@@ -273,8 +273,9 @@ def test_the_episode_record_filters_and_metrics_load_no_network_client() -> None
     assert {name for name in modules if name.startswith("chat_core.")} == {
         "chat_core._wire",
         "chat_core.env",
-        "chat_core.env.errors",
+        "chat_core.errors",
         "chat_core.env.protocol",
+        "chat_core.episode_ref",
         "chat_core.prepare",
         "chat_core.prepare.rows",
         "chat_core.record",

@@ -23,7 +23,7 @@ from chat_core import ChatEndpoint, EpisodeResult, FlagKind, Limits, play
 from chat_core.env.session import EpisodeSession
 from chat_core.net.http_session import http_session
 from chat_core.net.parking import IDLE_S
-from chat_core.prepare.write import write_rows
+from chat_core.prepare import write_rows
 from test_support import (
     REWARDS,
     SAMPLE_BUNDLE,

@@ -19,7 +19,7 @@ import pytest
 from chat_core import OUTCOME_KEY
 from chat_core.evaluate.command import main
 from chat_core.evaluate.summary import pass_at_k
-from chat_core.prepare.write import write_rows
+from chat_core.prepare import write_rows
 from chat_core.record.outcome import EpisodeOutcome
 from test_support import REWARDS, SCRIPTS, ScriptedModel, ServedBundle, delay, error, text
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from chat_core import OUTCOME_KEY, ChatEndpoint, EpisodeOutcome, EpisodeResult, Flag, FlagKind, Limits, play
-from chat_core.prepare.write import write_rows
+from chat_core.prepare import write_rows
 from chat_core.record.filters import Episode, scored_group_drop, scored_nonzero_std_group_drop
 from chat_core.record.metrics import episode_metrics, rollout_log_metrics
 from test_support import SCRIPTS, ScriptedModel, ServedBundle, error, text

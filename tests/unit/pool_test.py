@@ -12,7 +12,7 @@ import contextlib
 import json
 import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from chat_core import (
 )
 from chat_core.env.bundle import check_same_bundle
 from chat_core.env.pool import EnvPool
-from chat_core.prepare.write import write_rows
+from chat_core.prepare import write_rows
 from test_support import SAMPLE_BUNDLE, SCRIPTS, ScriptedModel, ServedBundle, delay, serve_bundle, text
 from test_support.waits import free_port, until
 
@@ -81,27 +81,27 @@ def _urls(*servers: ServedBundle) -> list[str]:
 
 
 async def _played(
-    metadata: dict[str, Any], model: ScriptedModel, steps: Any, session: str, limits: Limits
+    metadata: dict[str, Any], model: ScriptedModel, steps: Any, session: str, servers: Sequence[str] = ()
 ) -> EpisodeResult:
     model.script(steps, session=session)
-    return await play(metadata, _chat(model, session), {}, limits)
+    return await play(metadata, _chat(model, session), {}, Limits(), env_servers=servers)
 
 
 def test_episodes_spread_over_the_replicas_within_each_ones_sessions(
     pool: list[ServedBundle], rows: Rows, scripted_model: ScriptedModel
 ) -> None:
-    limits = Limits(env_servers=_urls(*pool))
+    servers = _urls(*pool)
 
     async def twelve_at_once() -> list[EpisodeResult]:
         return await asyncio.gather(
-            *(_played(rows["reply_only"], scripted_model, SCRIPTS["reply_only"], f"e{n}", limits) for n in range(12))
+            *(_played(rows["reply_only"], scripted_model, SCRIPTS["reply_only"], f"e{n}", servers) for n in range(12))
         )
 
     results = asyncio.run(twelve_at_once())
 
     assert [(result.reward, result.flags) for result in results] == [(1.0, [])] * 12
     assert set(Counter(result.env_server for result in results)) == set(_urls(*pool))
-    assert set(EnvPool.of(limits.env_servers).in_flight().values()) == {0}
+    assert set(EnvPool.of(servers).in_flight().values()) == {0}
 
 
 def test_each_episode_starts_on_the_server_with_the_fewest_episodes_in_flight(
@@ -111,17 +111,16 @@ def test_each_episode_starts_on_the_server_with_the_fewest_episodes_in_flight(
     # other server with none in flight, so all of them start there. Taking turns would send the second of them to the
     # busy server, and picking at random most likely one of them.
     servers = pool[:2]
-    limits = Limits(env_servers=_urls(*servers))
+    urls = _urls(*servers)
 
     async def three_beside_a_held_one() -> tuple[list[ServedBundle], list[EpisodeResult]]:
         held = asyncio.create_task(
-            _played(rows["reply_only"], scripted_model, [delay(60, text("A banana."))], "held", limits)
+            _played(rows["reply_only"], scripted_model, [delay(60, text("A banana."))], "held", urls)
         )
         await until(lambda: scripted_model.requests_of("held"), "the held episode asking the model")
         holding = [server for server in servers if server.open_episodes() == 1]
         later = [
-            await _played(rows["reply_only"], scripted_model, SCRIPTS["reply_only"], f"next{n}", limits)
-            for n in range(3)
+            await _played(rows["reply_only"], scripted_model, SCRIPTS["reply_only"], f"next{n}", urls) for n in range(3)
         ]
         held.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -139,10 +138,10 @@ def test_rows_prepared_at_another_address_play_through_the_pool(
     pool: list[ServedBundle], rows: Rows, scripted_model: ScriptedModel
 ) -> None:
     unreachable = {**rows["played"], "server": {**rows["played"]["server"], "url": f"http://127.0.0.1:{free_port()}"}}
-    limits = Limits(env_servers=_urls(*pool))
+    servers = _urls(*pool)
 
     for metadata, session in [(rows["played"], "localhost"), (unreachable, "elsewhere")]:
-        result = asyncio.run(_played(metadata, scripted_model, SCRIPTS["played"], session, limits))
+        result = asyncio.run(_played(metadata, scripted_model, SCRIPTS["played"], session, servers))
 
         assert (result.reward, result.flags) == (1.0, [])
         assert result.env_server in _urls(*pool)
@@ -153,9 +152,9 @@ def test_the_environment_variable_names_the_pool_unless_the_launch_does(
     pool: list[ServedBundle], rows: Rows, scripted_model: ScriptedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(ENV_SERVERS_VARIABLE, f"{pool[1].url}, {pool[2].url}")
-    named = Limits(env_servers=[pool[0].url])
+    named = [pool[0].url]
 
-    from_variable = asyncio.run(_played(rows["reply_only"], scripted_model, SCRIPTS["reply_only"], "var", Limits()))
+    from_variable = asyncio.run(_played(rows["reply_only"], scripted_model, SCRIPTS["reply_only"], "var"))
     from_launch = asyncio.run(_played(rows["reply_only"], scripted_model, SCRIPTS["reply_only"], "launch", named))
 
     assert from_variable.scored and from_variable.env_server in _urls(pool[1], pool[2])
@@ -168,7 +167,7 @@ def test_a_stale_row_is_refused_by_the_pool(
     stale = {**rows["played"], "episode": {**rows["played"]["episode"], "task_id": "@local/elsewhere/played"}}
 
     with pytest.raises(ServerMismatch, match="row is for '@local/elsewhere/played'"):
-        asyncio.run(_played(stale, scripted_model, SCRIPTS["played"], "stale", Limits(env_servers=_urls(*pool))))
+        asyncio.run(_played(stale, scripted_model, SCRIPTS["played"], "stale", _urls(*pool)))
     assert scripted_model.requests == []
 
 
@@ -176,11 +175,11 @@ def test_a_server_of_another_bundle_is_refused_at_start(
     pool: list[ServedBundle], rows: Rows, scripted_model: ScriptedModel, other_bundle: Path
 ) -> None:
     with serve_bundle(other_bundle) as served:
-        limits = Limits(env_servers=[pool[0].url, served.url])
+        servers = [pool[0].url, served.url]
         with pytest.raises(ServerMismatch) as refused:
-            asyncio.run(_played(rows["played"], scripted_model, SCRIPTS["played"], "refused", limits))
+            asyncio.run(_played(rows["played"], scripted_model, SCRIPTS["played"], "refused", servers))
         with pytest.raises(ServerMismatch):
-            asyncio.run(_played(rows["reply_only"], scripted_model, SCRIPTS["reply_only"], "again", limits))
+            asyncio.run(_played(rows["reply_only"], scripted_model, SCRIPTS["reply_only"], "again", servers))
 
     assert served.url in str(refused.value) and pool[0].url in str(refused.value)
     assert "as task #0 of split 'all'" in str(refused.value)
@@ -217,25 +216,28 @@ def test_a_replica_that_dies_is_skipped_and_tried_again_once_it_is_back(
 ) -> None:
     with ExitStack() as stack:
         doomed = stack.enter_context(serve_bundle(max_concurrent_envs=SESSIONS))
-        limits = Limits(env_servers=_urls(pool[0], doomed))
+        servers = _urls(pool[0], doomed)
 
         async def killed_mid_run() -> tuple[list[EpisodeResult], list[EpisodeResult]]:
             slow = [delay(3, text("A banana."))]
             playing = [
-                asyncio.create_task(_played(rows["reply_only"], scripted_model, slow, f"mid{n}", limits))
+                asyncio.create_task(_played(rows["reply_only"], scripted_model, slow, f"mid{n}", servers))
                 for n in range(2)
             ]
             await until(lambda: all(scripted_model.requests_of(f"mid{n}") for n in range(2)), "both episodes playing")
             doomed.kill()
             during = await asyncio.gather(*playing)
             later = await asyncio.gather(
-                *(_played(rows["reply_only"], scripted_model, SCRIPTS["reply_only"], f"l{n}", limits) for n in range(3))
+                *(
+                    _played(rows["reply_only"], scripted_model, SCRIPTS["reply_only"], f"l{n}", servers)
+                    for n in range(3)
+                )
             )
             return during, later
 
         during, later = asyncio.run(killed_mid_run())
         back = stack.enter_context(serve_bundle(max_concurrent_envs=SESSIONS, port=doomed.port))
-        again = asyncio.run(_played(rows["reply_only"], scripted_model, SCRIPTS["reply_only"], "again", limits))
+        again = asyncio.run(_played(rows["reply_only"], scripted_model, SCRIPTS["reply_only"], "again", servers))
         back.wait_until_closed()
 
     on_doomed = next(result for result in during if result.env_server == doomed.url)
@@ -248,16 +250,19 @@ def test_a_replica_that_dies_is_skipped_and_tried_again_once_it_is_back(
 
 
 @pytest.mark.parametrize(
-    ("limits", "says"),
-    [
-        ({"env_servers": "http://node-a:8000"}, "a list of server URLs"),
-        ({"env_servers": ["node-a:8000"]}, "isn't a server URL"),
-        ({"env_call_deadline_s": 0}, "env_call_deadline_s must be positive"),
-    ],
+    ("servers", "says"),
+    [("http://node-a:8000", "a list of server URLs"), (["node-a:8000"], "isn't a server URL")],
 )
-def test_a_pool_or_deadline_out_of_range_is_refused_up_front(limits: dict[str, Any], says: str) -> None:
+def test_a_misnamed_pool_is_refused_up_front(nowhere_row: dict[str, Any], servers: Any, says: str) -> None:
+    chat = ChatEndpoint("http://127.0.0.1:1/v1/chat/completions", "policy")
+
     with pytest.raises(ValueError, match=says):
-        Limits(**limits)
+        asyncio.run(play(nowhere_row, chat, {}, Limits(), env_servers=servers))
+
+
+def test_a_deadline_out_of_range_is_refused_up_front() -> None:
+    with pytest.raises(ValueError, match="env_call_deadline_s must be positive"):
+        Limits(env_call_deadline_s=0)
 
 
 def test_a_misnamed_server_in_the_variable_is_refused_up_front(

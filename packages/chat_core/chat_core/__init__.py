@@ -17,11 +17,12 @@ _PUBLIC = {
     "chat_core.episode.loop": ("play",),
     "chat_core.episode.tracing": ("EpisodeTrace",),
     "chat_core.episode.chat": ("ChatEndpoint",),
-    "chat_core.limits": ("Limits", "ENV_SERVERS_VARIABLE"),
+    "chat_core.limits": ("Limits",),
+    "chat_core.env.pool": ("ENV_SERVERS_VARIABLE",),
     "chat_core.record.results": ("FATAL", "EpisodeResult", "Flag", "FlagKind"),
     "chat_core.record.outcome": ("OUTCOME_KEY", "EpisodeOutcome"),
     "chat_core.record.filters": ("MissingFilter",),
-    "chat_core.env.errors": (
+    "chat_core.errors": (
         "CapacityExhausted",
         "EnvCallTimeout",
         "EpisodeProtocolError",

@@ -16,6 +16,8 @@ from typing import Any
 
 import orjson
 
+MIB = 1 << 20
+"""A mebibyte, the unit of chat_core's limits on what it reads."""
 FLAG_EXCERPT = 500
 """How many characters of what a model or a server sent an episode's flag quotes, enough to see what is wrong in a
 reply."""

@@ -1,16 +1,11 @@
-"""How a launch plays each episode: the episode's bounds, the most it reads of one answer, and the env servers that
-serve it. Plain data, checked when made, so a launch with a bound out of range stops before any episode."""
+"""How a launch plays each episode: the episode's bounds and the most it reads of one answer. Plain data, checked
+when made, so a launch with a bound out of range stops before any episode."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chat_core.env.protocol import server_url
-
-MIB = 1 << 20
-ENV_SERVERS_VARIABLE = "TRAINER_HELPERS_ENV_SERVERS"
-"""The environment variable naming a launch's pool of env servers when its ``Limits`` name none."""
+from chat_core._wire import MIB
 
 
 @dataclass(frozen=True)
@@ -25,12 +20,8 @@ class Limits:
     ``max_chat_answer_bytes``: the longest chat completion read, counted after any content coding is undone (a
     32,768-token reply is about 150 KB); a longer one fails the episode's chat as it arrives. ``max_env_message_bytes``:
     the longest message of an env session, and so its longest frame (a tool's observation of several MB fits); a
-    longer one ends the session, refused by its announced length before its payload is read.
-
-    ``env_servers``: the URLs of a pool of env servers serving the rows' bundle, which plays every row instead of the
-    server it was prepared from (``chat_core.env.pool``); when empty, the ``TRAINER_HELPERS_ENV_SERVERS`` environment
-    variable names the pool (comma-separated), and without it each row plays on its own server. Raises ValueError
-    when a bound is out of range or a server URL isn't an absolute http(s) URL."""
+    longer one ends the session, refused by its announced length before its payload is read. Raises ValueError when
+    a bound is out of range."""
 
     max_turns: int = 16
     max_tool_calls_per_turn: int = 32
@@ -39,12 +30,8 @@ class Limits:
     env_call_deadline_s: float = 600.0
     max_chat_answer_bytes: int = 32 * MIB
     max_env_message_bytes: int = 32 * MIB
-    env_servers: Sequence[str] = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.env_servers, str):
-            raise ValueError(f"env_servers is a list of server URLs, not the one string {self.env_servers!r}")
-        object.__setattr__(self, "env_servers", tuple(server_url(url) for url in self.env_servers))
         if self.max_turns < 1 or self.max_tool_calls_per_turn < 1:
             raise ValueError(f"{self}: max_turns and max_tool_calls_per_turn must be at least 1")
         if not self.model_deadline_s > 0 or not self.env_call_deadline_s > 0 or not self.capacity_wait_s >= 0:

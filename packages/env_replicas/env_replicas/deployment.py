@@ -163,7 +163,7 @@ def launch_settings(urls: Sequence[str]) -> str:
             "# slime: in the YAML file --custom-config-path names",
             f"episode_env_servers: [{quoted}]",
             "# Miles: in the module --custom-agent-function-path names",
-            f"run = make_agent(Limits(env_servers=[{quoted}]))",
+            f"run = make_agent(env_servers=[{quoted}])",
         ]
     )
 

@@ -8,18 +8,19 @@ the episode for ``miles_helper.reward``, its filters and its log functions to re
 agent when it aborts a rollout; it cancels the episodes still playing in this process, so each closes its env session
 and comes back flagged instead of playing on against an aborted model.
 
-The agent takes no Miles arguments, so its limits are fixed when it is made: ``make_agent(limits)`` makes one with
-other limits or a pool of env servers (``Limits(env_servers=[...])``), for a module of the user's own that also
-exports this ``abort``.
+The agent takes no Miles arguments, so its limits are fixed when it is made: ``make_agent(limits, env_servers=...)``
+makes one with other limits or a pool of env servers, for a module of the user's own that also exports this
+``abort``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from chat_core import OUTCOME_KEY, ChatEndpoint, EpisodeOutcome, EpisodeResult, Limits, play
+from chat_core.env.pool import named_pool
 
 MODEL = "default"
 """The ``model`` of every chat request. SGLang serves one model whatever the name, and a name with a ``:`` would ask
@@ -30,10 +31,16 @@ Agent = Callable[..., Awaitable[dict[str, Any]]]
 _playing: set[asyncio.Task[EpisodeResult]] = set()
 
 
-def make_agent(limits: Limits) -> Agent:
-    """An agent function for ``--custom-agent-function-path`` that plays each episode within ``limits``. Point Miles
-    at it through a module of your own that also exports ``abort``, since Miles looks for the abort hook beside the
-    agent: ``from miles_helper.agent import abort, make_agent`` then ``run = make_agent(Limits(...))``."""
+def make_agent(limits: Limits | None = None, *, env_servers: Sequence[str] = ()) -> Agent:
+    """An agent function for ``--custom-agent-function-path`` that plays each episode within ``limits`` (chat_core's
+    defaults when None), on the pool
+    of env servers ``env_servers`` names (else on the pool ``TRAINER_HELPERS_ENV_SERVERS`` names, else on each row's
+    own server; see ``chat_core.play``). Point Miles at it through a module of your own that also exports ``abort``,
+    since Miles looks for the abort hook beside the agent: ``from miles_helper.agent import abort, make_agent`` then
+    ``run = make_agent(Limits(...))``. Raises ValueError (InvalidServerUrl) when a server URL of ``env_servers``
+    isn't an absolute http(s) URL."""
+    limits = limits or Limits()
+    env_servers = named_pool(env_servers) if env_servers else ()
 
     async def agent(
         base_url: str,
@@ -50,10 +57,10 @@ def make_agent(limits: Limits) -> Agent:
         ``chat_core.OUTCOME_KEY`` (its reward, None unless it can be trained on, its flags, counts and seconds) and
         ``agent_metrics.total_tool_time`` (seconds in the env, which Miles counts as time
         spent outside generation). Raises ValueError when ``metadata`` isn't a row written by
-        ``chat_core.prepare``, and ServerMismatch when a server of the pool ``limits.env_servers`` (or
+        ``chat_core.prepare``, and ServerMismatch when a server of the pool ``env_servers`` (or
         ``TRAINER_HELPERS_ENV_SERVERS``) names serves other tasks; Miles logs it and leaves the sample aborted."""
         chat = ChatEndpoint(url=base_url.rstrip("/") + "/v1/chat/completions", model=MODEL)
-        episode = asyncio.create_task(play(metadata, chat, request_kwargs, limits))
+        episode = asyncio.create_task(play(metadata, chat, request_kwargs, limits, env_servers=env_servers))
         _playing.add(episode)
         try:
             result = await episode
@@ -68,7 +75,7 @@ def make_agent(limits: Limits) -> Agent:
     return agent
 
 
-run = make_agent(Limits())
+run = make_agent()
 """The agent with chat_core's default limits: ``--custom-agent-function-path miles_helper.agent.run``."""
 
 

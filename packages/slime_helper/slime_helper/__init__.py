@@ -17,7 +17,6 @@ qwen25`` (the parser that fits the model); with slime's fully-async rollout (``t
 from chat_core import MissingFilter
 
 from slime_helper.adapter import AdapterService
-from slime_helper.append_only import AppendOnlyTokenizer, WholeChatTokenizer
 from slime_helper.errors import (
     AppendOnlyChatNeeded,
     FullyAsyncEvaluation,
@@ -34,6 +33,7 @@ from slime_helper.fully_async import generate_rollout_fully_async
 from slime_helper.generate import generate
 from slime_helper.observability import log_eval_rollout, log_rollout
 from slime_helper.rewards import EpisodeRewardMismatch, normalize_per_episode
+from slime_helper.tokenizers import AppendOnlyTokenizer, WholeChatTokenizer
 
 __all__ = [
     "AdapterService",

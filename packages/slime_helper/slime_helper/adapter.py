@@ -8,12 +8,12 @@ It is built on the first rollout from slime's launch flags (tokenizer from ``--h
 
 At start the helper probes the tokenizer's chat template: the tool-call parser must read a call the template writes
 (``tool_parser``), and, unless the ``--custom-config-path`` YAML sets ``episode_append_only_chat: false``, each
-session is rendered append-only (``append_only``) when the template can render what a turn adds after a reply, so an
-episode comes back as one sample; the start log says which rendering the launch uses. The adapter is slime's own
-class with its hooks extended: each request's session is bound for the rendering, each recorded turn is held for
-the session's next one, the tool calls of a reply that slime's adapter doesn't pass on (all but the first) are kept
-per session (``AdapterService.dropped_tool_calls``), and a chat the template can't render is answered with a 400
-naming the template's error, kept per session (``AdapterService.template_failure``), instead of slime's 500;
+session is rendered append-only (``renderer``, ``tokenizers``) when the template can render what a turn adds after a
+reply, so an episode comes back as one sample; the start log says which rendering the launch uses. The adapter is
+slime's own class with its hooks extended: each request's session is bound for the rendering, each recorded turn is
+held for the session's next one, the tool calls of a reply that slime's adapter doesn't pass on (all but the first)
+are kept per session (``AdapterService.dropped_tool_calls``), and a chat the template can't render is answered with
+a 400 naming the template's error, kept per session (``AdapterService.template_failure``), instead of slime's 500;
 and a reply SGLang aborted reaches the client with finish reason ``abort`` (slime's adapter would say ``stop``),
 so ``chat_core`` ends the episode flagged ``reply_aborted``.
 """
@@ -33,18 +33,12 @@ from chat_core import ChatEndpoint
 from chat_core.record.filters import require_filter
 
 from slime_helper._slime import slime
-from slime_helper.append_only import (
-    AppendOnlyChat,
-    AppendOnlyTokenizer,
-    ChatTemplateFailed,
-    Unappendable,
-    WholeChatTokenizer,
-    turn_session,
-)
 from slime_helper.chat_template import ChatTemplate
 from slime_helper.errors import MissingEpisodeNormalization, MissingToolParser, UnappendableChat
 from slime_helper.filters import FILTERS
+from slime_helper.renderer import AppendOnlyRenderer, Unappendable
 from slime_helper.rewards import normalizes_per_group
+from slime_helper.tokenizers import AppendOnlyTokenizer, ChatTemplateFailed, WholeChatTokenizer, turn_session
 from slime_helper.tool_parser import check_tool_parser
 
 logger = logging.getLogger(__name__)
@@ -189,7 +183,7 @@ def _tokenizer(template: ChatTemplate, append_only: bool | None, model: str) -> 
         )
         return WholeChatTokenizer(template)
     try:
-        chat = AppendOnlyChat.of(template)
+        renderer = AppendOnlyRenderer.of(template)
     except Unappendable as why:
         if append_only:
             raise UnappendableChat(
@@ -211,7 +205,7 @@ def _tokenizer(template: ChatTemplate, append_only: bool | None, model: str) -> 
         arguments,
         APPEND_ONLY_SETTING,
     )
-    return AppendOnlyTokenizer(chat)
+    return AppendOnlyTokenizer(renderer)
 
 
 @functools.cache
@@ -220,7 +214,7 @@ def _episode_adapter(openai_adapter: type) -> type:
 
     class EpisodeAdapter(openai_adapter):
         """slime's ``OpenAIAdapter``, which also binds each request's session while the request is served
-        (``append_only.turn_session``), hands each turn it records to an ``AppendOnlyTokenizer`` (through the
+        (``tokenizers.turn_session``), hands each turn it records to an ``AppendOnlyTokenizer`` (through the
         adapter's ``debug_callback``, slime's one hook that sees a recorded turn's tokens), gives the turn it
         records the reply's reasoning as the client gets it back, keeps each open session's
         ``dropped_tool_calls``, and answers a chat its template can't render with a 400 naming the template's

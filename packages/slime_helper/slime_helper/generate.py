@@ -44,8 +44,9 @@ _LIMIT_SETTINGS = {
     "episode_env_call_deadline_s": "env_call_deadline_s",
     "episode_max_chat_answer_bytes": "max_chat_answer_bytes",
     "episode_max_env_message_bytes": "max_env_message_bytes",
-    "episode_env_servers": "env_servers",
 }
+ENV_SERVERS_SETTING = "episode_env_servers"
+"""The ``--custom-config-path`` setting naming the pool of env servers that plays the rows."""
 _CHAT_SAMPLING = {
     "temperature": "temperature",
     "top_p": "top_p",
@@ -94,6 +95,7 @@ async def generate(
             _chat_sampling(sampling_params),
             episode_limits(args),
             trace=SampleTrace(sample),
+            env_servers=getattr(args, ENV_SERVERS_SETTING, None) or (),
         )
         if (failure := service.template_failure(sid)) is not None:
             result.flags = [_template_flag(flag, failure) for flag in result.flags]

@@ -38,14 +38,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from chat_core.prepare.write import write_rows
+from chat_core.prepare import write_rows
 from launch import parse_slime_args, slime_command
 from rollout import SAMPLE_PER_TURN, on_slime_loop
 from sglang_stand_in import StandInSGLang
 from slime.utils.processing_utils import load_tokenizer
 from slime.utils.types import Sample
 from slime_helper import AdapterService
-from slime_helper.append_only import turn_session
+from slime_helper.tokenizers import turn_session
 from test_support import serve_bundle, text, tool_call
 from test_support.checkpoint import family_checkpoint
 from test_support.families import FAMILIES, Family, Mode, written

@@ -32,7 +32,7 @@ from typing import Any
 
 import stand_in
 from chat_core import ChatEndpoint, EpisodeResult, Limits, play
-from chat_core.prepare.write import write_rows
+from chat_core.prepare import write_rows
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from chat_core import ChatEndpoint, Limits
+from chat_core.episode_ref import EpisodeRef
 from chat_core.evaluate.records import EPISODES
 from chat_core.evaluate.run import Run, evaluate
-from chat_core.prepare.rows import EpisodeRef
 from test_support.loopback import LoopbackServer, Request
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed

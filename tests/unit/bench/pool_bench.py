@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from chat_core import ChatEndpoint, EpisodeResult, Limits, play
-from chat_core.prepare.write import write_rows
+from chat_core.prepare import write_rows
 from test_support import ScriptedModel, serve_bundle, text, tool_call
 
 REPLICAS = (1, 2, 3)
@@ -45,9 +45,8 @@ def throughput(
     ``metadata``'s task, ``concurrency`` at once, as the cells of a row: episodes per second, the mean wall and
     capacity-wait seconds of an episode, and the episodes each server played. Raises SystemExit when an episode
     isn't scored."""
-    limits = Limits(env_servers=urls)
-    asyncio.run(_play_all(metadata, model, limits, len(urls), len(urls), f"warm-{label}"))
-    results, elapsed = asyncio.run(_play_all(metadata, model, limits, episodes, concurrency, label))
+    asyncio.run(_play_all(metadata, model, urls, len(urls), len(urls), f"warm-{label}"))
+    results, elapsed = asyncio.run(_play_all(metadata, model, urls, episodes, concurrency, label))
     if unscored := [result for result in results if not result.scored]:
         raise SystemExit(f"{len(unscored)} episode(s) weren't scored, e.g. {unscored[0].flags}")
     spread = Counter(result.env_server for result in results)
@@ -67,7 +66,7 @@ def print_table(table: list[list[str]]) -> None:
 
 
 async def _play_all(
-    metadata: dict[str, Any], model: ScriptedModel, limits: Limits, episodes: int, concurrency: int, label: str
+    metadata: dict[str, Any], model: ScriptedModel, urls: Sequence[str], episodes: int, concurrency: int, label: str
 ) -> tuple[list[EpisodeResult], float]:
     """``episodes`` plays of ``metadata``'s task, at most ``concurrency`` at once, and the seconds they took."""
     gate = asyncio.Semaphore(concurrency)
@@ -76,7 +75,7 @@ async def _play_all(
         session = f"{label}-{number}"
         chat = ChatEndpoint(model.base_url + "/chat/completions", "bench", {"Authorization": f"Bearer {session}"})
         async with gate:
-            return await play(metadata, chat, {}, limits)
+            return await play(metadata, chat, {}, Limits(), env_servers=urls)
 
     began = time.monotonic()
     results = await asyncio.gather(*(one(number) for number in range(episodes)))

@@ -8,9 +8,9 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chat_core.env.errors import OpenEnvError, ServerMismatch, ServerUnreachable
-from chat_core.env.protocol import server_url
 from chat_core.env.task_api import OpenEnvServer
+from chat_core.episode_ref import server_url
+from chat_core.errors import OpenEnvError, ServerMismatch, ServerUnreachable
 
 Catalogue = dict[str, tuple[str, ...]]
 """A server's task ids, by split, in index order."""

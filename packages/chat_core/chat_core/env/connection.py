@@ -13,7 +13,7 @@ import contextlib
 from typing import Any
 
 from chat_core._wire import excerpt, parse_json
-from chat_core.env.errors import (
+from chat_core.errors import (
     EnvCallTimeout,
     EpisodeProtocolError,
     NotAnOpenEnvServer,

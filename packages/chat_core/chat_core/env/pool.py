@@ -1,6 +1,6 @@
 """A pool of env servers serving one bundle, and the routing of episodes over them.
 
-A launch names the pool (``Limits.env_servers``, else the environment variable ``TRAINER_HELPERS_ENV_SERVERS``);
+A launch names the pool (``play``'s ``env_servers``, else the environment variable ``TRAINER_HELPERS_ENV_SERVERS``);
 its rows are then played on the pool instead of the server each row was prepared from. Before a server gets its
 first episode it is checked to serve the rows' env with the same task ids per split as the others; a server that
 doesn't is a ``ServerMismatch`` for every later episode, since the launch names the wrong server (the check is
@@ -24,14 +24,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from chat_core.env.bundle import Catalogue, Served, served_by
-from chat_core.env.errors import CapacityExhausted, ServerMismatch, ServerUnreachable, SessionDropped
-from chat_core.env.protocol import Observation, server_url
+from chat_core.env.protocol import Observation
 from chat_core.env.session import CapacityWait, EpisodeSession
-from chat_core.limits import ENV_SERVERS_VARIABLE, Limits
-from chat_core.prepare.rows import EpisodeRef
+from chat_core.episode_ref import EpisodeRef, server_url
+from chat_core.errors import CapacityExhausted, ServerMismatch, ServerUnreachable, SessionDropped
+from chat_core.limits import Limits
 from chat_core.retry import Backoff
 
 logger = logging.getLogger(__name__)
+ENV_SERVERS_VARIABLE = "TRAINER_HELPERS_ENV_SERVERS"
+"""The environment variable naming a launch's pool of env servers when the launch itself names none."""
 REST = Backoff(first_s=1.0, max_s=30.0)
 """How long a failing server is left out: a second or so after its first failure, twice as long after each further
 failure in a row, up to half a minute."""
@@ -39,10 +41,12 @@ _FULL_PAUSE_S = 0.25
 _POLL_S = 0.05
 
 
-def env_servers(named: Sequence[str]) -> tuple[str, ...]:
+def named_pool(named: Sequence[str]) -> tuple[str, ...]:
     """The pool a launch names: ``named`` (the launch's own setting) when it names any server, else the
     comma-separated URLs of ``TRAINER_HELPERS_ENV_SERVERS``, else none, and each row plays on its own server. Raises
-    InvalidServerUrl when a URL isn't an absolute http(s) URL."""
+    InvalidServerUrl when a URL isn't an absolute http(s) URL, and ValueError when ``named`` is one string."""
+    if isinstance(named, str):
+        raise ValueError(f"env_servers is a list of server URLs, not the one string {named!r}")
     if named:
         return tuple(server_url(url) for url in named)
     listed = os.environ.get(ENV_SERVERS_VARIABLE, "")

@@ -1,37 +1,19 @@
-"""The OpenEnv wire's plain types: a server's base URL, a task as the Task API describes it, a tool as a turn offers
-it, and an observation as an episode's session answers. Each is read from JSON here, with no network code, so the
+"""The OpenEnv wire's plain types: a task as the Task API describes it, a tool as a turn offers it, and an
+observation as an episode's session answers. Each is read from JSON here, with no network code, so the
 rows, the episode record, the filters and the metrics use them without loading a client.
 
-What the server sends that isn't one of these raises the ``chat_core.env.errors`` case that says so: the Task API's
+What the server sends that isn't one of these raises the ``chat_core.errors`` case that says so: the Task API's
 ``NotAnOpenEnvServer``, a session's ``EpisodeProtocolError``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from chat_core._wire import excerpt
-from chat_core.env.errors import EpisodeProtocolError, InvalidServerUrl, NotAnOpenEnvServer
+from chat_core.errors import EpisodeProtocolError, NotAnOpenEnvServer
 
 CAPACITY_REACHED = "CAPACITY_REACHED"
-
-
-def server_url(url: str) -> str:
-    """``url`` as the base every request is made under: an absolute http(s) URL without a trailing slash. Raises
-    InvalidServerUrl when it has another scheme, no host, a query or a fragment."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidServerUrl(
-            f"{url!r} isn't a server URL: give the server's http(s) address, e.g. http://127.0.0.1:8000"
-        )
-    if parts.query or parts.fragment:
-        raise InvalidServerUrl(f"{url!r} isn't a server URL: it has a query or a fragment")
-    try:
-        parts.port  # noqa: B018 -- urlsplit checks the port only when it is read
-    except ValueError as e:
-        raise InvalidServerUrl(f"{url!r} isn't a server URL: {e}") from None
-    return url.strip().rstrip("/")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ for ``prepare``'s probes): the episode's calls (reset, list_tools, call_tool) an
 ``chat_core.env.protocol``'s observations, a full server waited out before the episode starts, and the session
 parked or closed at the end (its connection is ``chat_core.env.connection``'s).
 
-Every way the server can fail a caller is one of ``chat_core.env.errors``, so a caller can tell a server that isn't
+Every way the server can fail a caller is one of ``chat_core.errors``, so a caller can tell a server that isn't
 there from one that is full or one that answered outside the protocol."""
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any
 
 from chat_core._wire import encoded
 from chat_core.env.connection import SessionConnection
-from chat_core.env.errors import CapacityExhausted, EpisodeProtocolError
-from chat_core.env.protocol import CapacityRefusal, Observation, server_url
+from chat_core.env.protocol import CapacityRefusal, Observation
+from chat_core.episode_ref import server_url
+from chat_core.errors import CapacityExhausted, EpisodeProtocolError
 from chat_core.limits import Limits
 from chat_core.retry import Backoff
 

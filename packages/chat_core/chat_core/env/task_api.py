@@ -1,17 +1,17 @@
 """The Task API of an OpenEnv server of agentenv tasks, over HTTP: the one env it serves, its splits, and each
 split's tasks. It speaks only the wire (JSON, read into ``chat_core.env.protocol``'s types), so it runs in a
 trainer's environment without the server's packages; every way the server can fail a caller is one of
-``chat_core.env.errors``."""
+``chat_core.errors``."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from chat_core._wire import described, encoded, excerpt, parse_json, wire_text
-from chat_core.env.errors import NotAnOpenEnvServer, ServerError, ServerUnreachable
-from chat_core.env.protocol import TaskInfo, server_url
-from chat_core.limits import MIB
+from chat_core._wire import MIB, described, encoded, excerpt, parse_json, wire_text
+from chat_core.env.protocol import TaskInfo
+from chat_core.episode_ref import server_url
+from chat_core.errors import NotAnOpenEnvServer, ServerError, ServerUnreachable
 from chat_core.net.http_request import HttpError, MalformedAnswer, Redirected, check_url, request
 
 TASK_API_TIMEOUT_S = 60.0

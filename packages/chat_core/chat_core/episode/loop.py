@@ -16,19 +16,19 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 from chat_core._wire import FLAG_EXCERPT, encoded, excerpt
-from chat_core.env.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
-from chat_core.env.pool import EnvPool, PooledSession, env_servers
+from chat_core.env.pool import EnvPool, PooledSession, named_pool
 from chat_core.env.protocol import Observation
 from chat_core.env.session import CapacityWait, EpisodeSession
 from chat_core.episode.chat import ChatEndpoint, Reply, arguments_of
 from chat_core.episode.conversation import Conversation, check_sampling
 from chat_core.episode.tracing import NO_TRACE, EpisodeTrace
+from chat_core.episode_ref import EpisodeRef
+from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
 from chat_core.limits import Limits
-from chat_core.prepare.rows import EpisodeRef
 from chat_core.record.results import EpisodeResult, FlagKind, TurnCounts
 
 logger = logging.getLogger(__name__)
@@ -44,15 +44,19 @@ async def play(
     limits: Limits,
     *,
     trace: EpisodeTrace | None = None,
+    env_servers: Sequence[str] = (),
 ) -> EpisodeResult:
     """Play the episode of a row's ``metadata`` (a row written by ``python -m chat_core.prepare``, as slime and
     Miles hand it to a rollout) with the model at ``chat``, and return how it went. ``sampling`` goes into every
     chat request's JSON body as it is (e.g. ``temperature``, SGLang's ``top_k``). ``trace`` receives the episode's
-    spans as they happen.
+    spans as they happen. ``env_servers`` names a pool of env servers serving the rows' bundle, which plays the row
+    instead of the server it was prepared from (``chat_core.env.pool``); when empty, the ``TRAINER_HELPERS_ENV_SERVERS``
+    environment variable names the pool (comma-separated), and without it the row plays on its own server.
 
     Every failure of the env, the chat endpoint or the model is a flag on the result. Raises ValueError before
     anything starts when ``metadata`` isn't a row's, ``sampling`` sets ``model``, ``messages`` or ``tools``, or the
-    chat endpoint's URL or headers can't be sent (see ``ChatEndpoint.request_headers``), and ServerMismatch when a
+    chat endpoint's URL or headers can't be sent (see ``ChatEndpoint.request_headers``), InvalidServerUrl (a
+    ValueError) when a server of the pool isn't an absolute http(s) URL, and ServerMismatch when a
     server of the launch's pool serves another env or other tasks than the row's. When cancelled, closes the env
     session, so the server abandons the episode without running its verifiers, and re-raises."""
     episode = EpisodeRef.from_metadata(metadata)
@@ -60,7 +64,7 @@ async def play(
     game = _Episode(episode, chat, sampling, limits, trace or NO_TRACE)
     began = time.monotonic()
     session: Session
-    if servers := env_servers(limits.env_servers):
+    if servers := named_pool(env_servers):
         pool = EnvPool.of(servers)
         await pool.check(episode)
         session = pool.session(limits)

@@ -15,11 +15,11 @@ from typing import Any
 from chat_core._cli import positive_int
 from chat_core._wire import parse_json
 from chat_core.episode.chat import ChatEndpoint
+from chat_core.episode_ref import EpisodeRef
 from chat_core.evaluate.errors import EvaluateError
 from chat_core.evaluate.run import DEFAULT_CONCURRENCY, Run, evaluate
 from chat_core.evaluate.summary import SUMMARY, compare, table
 from chat_core.limits import Limits
-from chat_core.prepare.rows import EpisodeRef
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from chat_core._wire import parse_json
+from chat_core.episode_ref import EpisodeRef
 from chat_core.evaluate.errors import EvaluateError
-from chat_core.prepare.rows import EpisodeRef
 from chat_core.record.outcome import OUTCOME_KEY, EpisodeOutcome
 
 EPISODES = "episodes.jsonl"

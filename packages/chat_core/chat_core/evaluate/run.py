@@ -21,12 +21,12 @@ from tqdm import tqdm
 from chat_core.episode.chat import ChatEndpoint
 from chat_core.episode.conversation import check_sampling
 from chat_core.episode.loop import play
+from chat_core.episode_ref import EpisodeRef
 from chat_core.evaluate.errors import EvaluateError
 from chat_core.evaluate.preflight import preflight
 from chat_core.evaluate.records import EPISODES, append_record, new_record, read_records
 from chat_core.evaluate.summary import SUMMARY, summarize
 from chat_core.limits import Limits
-from chat_core.prepare.rows import EpisodeRef
 from chat_core.record.outcome import EpisodeOutcome
 
 DEFAULT_CONCURRENCY = 32

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from chat_core._cli import positive_int
-from chat_core.env.errors import OpenEnvError
+from chat_core.errors import OpenEnvError
 from chat_core.prepare.write import DEFAULT_CONCURRENCY, PrepareError, write_rows
 
 

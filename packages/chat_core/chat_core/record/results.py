@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from chat_core.prepare.rows import EpisodeRef
+from chat_core.episode_ref import EpisodeRef
 
 
 class FlagKind(StrEnum):
