@@ -101,7 +101,7 @@ def test_episodes_spread_over_the_replicas_within_each_ones_sessions(
 
     assert [(result.reward, result.flags) for result in results] == [(1.0, [])] * 12
     assert set(Counter(result.env_server for result in results)) == set(_urls(*pool))
-    assert set(EnvPool.of(servers).in_flight().values()) == {0}
+    assert set(EnvPool.of(tuple(servers)).in_flight().values()) == {0}
 
 
 def test_each_episode_starts_on_the_server_with_the_fewest_episodes_in_flight(
