@@ -256,3 +256,20 @@ def test_with_score_cut_short_a_cut_reply_is_scored_as_it_stands_and_trained(lau
         assert (
             split_response(sample)[0] == replies[0].output and len(replies[0].output) == args.rollout_max_response_len
         )
+
+
+def test_a_reply_cut_in_its_second_tool_call_ends_the_episode_its_whole_first_call_not_run(launch, sglang, tokenizer):
+    args = launch(thinking=False)
+    cut_in_the_second = tool_calls(
+        tool_call("find_crate", {"name": "pears"}), tool_call("find_crate", {"name": "apples " * 2000})
+    )
+    sglang.script_of = lambda prompt: [cut_in_the_second, text("The crate of pears is on shelf 9C.")]
+
+    episodes = rollout(args, group_of(args, "played"))
+
+    for [sample] in episodes:
+        outcome = _outcome(sample)
+        assert (outcome.reason, outcome.model_calls, outcome.tool_calls) == ("response_limit", 1, 0)
+        trained = tokenizer.decode(split_response(sample)[0])
+        assert trained.startswith('<tool_call>\n{"name": "find_crate", "arguments": {"name": "pears"}}\n</tool_call>')
+    assert len(sglang.requests) == 2

@@ -259,7 +259,6 @@ class _Episode:
                 f"turn {turn}: {why}; the turn was handed to the env with the latest reply's text, as "
                 f"score_cut_short asks, but the env opened turn {turn + 1} rather than score the episode, so it "
                 "ended unscored",
-                fatal=True,
             )
             return None
         self.result.flag(
