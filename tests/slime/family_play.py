@@ -83,12 +83,13 @@ def writes_as(tokenizer: Any, family: Family, mode: Mode) -> Callable[[Reply], l
     return writes
 
 
-def by_session(generated: Sequence[Generated]) -> list[list[Generated]]:
-    """The stand-in's replies, one list per session (episode), in the order each session's first was answered."""
+def sessions_of(generated: Sequence[Generated], tokenizer: Any, prompt: str) -> list[list[Generated]]:
+    """The stand-in's replies to the episodes whose first prompt holds ``prompt`` (a task's), one list per session,
+    in the order each session's first was answered; a request of another test that arrives late is no such reply."""
     sessions: dict[str, list[Generated]] = {}
     for reply in generated:
         sessions.setdefault(reply.routing_key, []).append(reply)
-    return list(sessions.values())
+    return [replies for replies in sessions.values() if prompt in tokenizer.decode(replies[0].prompt)]
 
 
 def whole_episode(replies: list[Generated]) -> tuple[list[int], list[int], list[float]]:

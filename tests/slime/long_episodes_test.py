@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from chat_core import EpisodeOutcome, FlagKind
-from family_play import FamilyLaunch, by_session, family_launcher, served_rows, whole_episode, writes_as
+from family_play import FamilyLaunch, family_launcher, served_rows, sessions_of, whole_episode, writes_as
 from rollout import group_of, rollout, split_response
 from sglang_stand_in import StandInSGLang
 from slime_helper import AdapterService
@@ -42,6 +42,7 @@ RESTOCK = [
     {"id": "holds_oranges", "type": "env_outcome_verifier", "env_id": "warehouse", "file_artifact_id": "check_crates",
      "verifier_id": "holds_oranges"},
 ]  # fmt: skip
+FIRST_PROMPT = RESTOCK[2]["prompt"]
 LOOKS_UP = tool_calls(tool_call("find_crate", {"name": "pears"}), tool_call("find_crate", {"name": "apples"}))
 FOUND = text("The pears are on shelf 9C and the apples on shelf 4B.")
 DOCKED = text("The oranges are on the loading dock.")
@@ -152,7 +153,7 @@ def test_every_family_runs_answers_and_trains_every_parallel_tool_call_in_one_ex
 
     episodes = rollout(args, copy.deepcopy(restock_group))
 
-    sessions = by_session(sglang.generated)
+    sessions = sessions_of(sglang.generated, tokenizer, FIRST_PROMPT)
     assert sorted(len(replies) for replies in sessions) == [len(ADDS), len(FORGETS)]
     rewards = []
     for samples in episodes:
@@ -184,7 +185,7 @@ def test_every_family_ends_an_episode_where_its_context_fills_and_at_a_cut_reply
     sglang.script_of = lambda prompt: ADDS
     sglang.writes = writes_as(tokenizer, family, mode)
     rollout(args, copy.deepcopy(restock_group))
-    whole = by_session(sglang.generated)[0]
+    whole = sessions_of(sglang.generated, tokenizer, FIRST_PROMPT)[0]
     sglang.clear()
     AdapterService.reset()
     turn_two = len(whole[2].prompt)
@@ -192,7 +193,7 @@ def test_every_family_ends_an_episode_where_its_context_fills_and_at_a_cut_reply
 
     episodes = rollout(filled, copy.deepcopy(restock_group))
 
-    for replies, samples in zip(by_session(sglang.generated), episodes, strict=True):
+    for replies, samples in zip(sessions_of(sglang.generated, tokenizer, FIRST_PROMPT), episodes, strict=True):
         assert [reply.prompt for reply in replies] == [reply.prompt for reply in whole[:2]]
         [sample] = samples
         assert sample.tokens == whole_episode(replies)[0] and sample.reward == 0.0
@@ -216,7 +217,7 @@ def test_every_family_ends_an_episode_where_its_context_fills_and_at_a_cut_reply
 
     episodes = rollout(args, copy.deepcopy(restock_group))
 
-    for [cut], samples in zip(by_session(sglang.generated), episodes, strict=True):
+    for [cut], samples in zip(sessions_of(sglang.generated, tokenizer, FIRST_PROMPT), episodes, strict=True):
         [sample] = samples
         assert len(cut.output) == args.rollout_max_response_len
         assert sample.tokens == [*cut.prompt, *cut.output] and split_response(sample)[0] == cut.output
@@ -246,7 +247,7 @@ def test_with_score_cut_short_a_cut_reply_is_scored_as_it_stands_and_trained(lau
 
     episodes = rollout(args, group_of(args, "reply_only"))
 
-    [replies, _] = by_session(sglang.generated)
+    [replies, _] = sessions_of(sglang.generated, tokenizer, "Name a long yellow fruit.")
     for samples in episodes:
         [sample] = samples
         outcome = _outcome(sample)

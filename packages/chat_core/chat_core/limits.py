@@ -23,8 +23,8 @@ class Limits:
     longer one ends the session, refused by its announced length before its payload is read.
 
     ``max_tool_answer_chars``: the longest tool answer the model is shown, in characters; a longer one is cut there
-    and ends with a line saying how much more the tool answered. The default, about 4,000
-    tokens of text, is an eighth of a 32K context.
+    and ends with a line saying how much more the tool answered. The default, about 4,000 tokens of text, is an
+    eighth of a 32K context.
 
     An episode is cut short when its next prompt doesn't fit the model's context (the chat endpoint refuses it as
     too long, or ``max_context_tokens`` is reached: the tokens of the context, prompt and reply, for a chat endpoint
