@@ -14,47 +14,11 @@ import pytest
 from chat_core import EpisodeOutcome
 from miles.utils.types import Sample
 from miles_helper.agent import abort, run
+from samples import dropped_samples, kept_samples, trained_and_masked
 from test_support import delay, text, tool_call
 
 VERSIONS = ["v1", "v2"]
 HELD_S = 60.0
-
-
-def _episodes(group: list[Any]) -> list[list[Sample]]:
-    """A group's episodes, each as its samples: one under v1, one per leaf under v2."""
-    return [member if isinstance(member, list) else [member] for member in group]
-
-
-def _spans(miles: Any, sample: Sample) -> tuple[list[str], list[str]]:
-    """The response's trained and masked stretches, decoded, in order."""
-    response = sample.tokens[len(sample.tokens) - sample.response_length :]
-    assert len(sample.loss_mask) == len(response) == len(sample.rollout_log_probs)
-    spans: dict[int, list[str]] = {0: [], 1: []}
-    start = 0
-    for end in range(1, len(response) + 1):
-        if end == len(response) or sample.loss_mask[end] != sample.loss_mask[start]:
-            spans[sample.loss_mask[start]].append(miles.decode(response[start:end]))
-            start = end
-    return spans[1], spans[0]
-
-
-def _only_sample(miles: Any, output: Any, task: str) -> list[Sample]:
-    """The samples of the one group ``output`` kept, which must be ``task``'s."""
-    (group,) = output.samples
-    episodes = _episodes(group)
-    assert {miles.task_of(sample) for samples in episodes for sample in samples} == {task}
-    return [sample for samples in episodes for sample in samples]
-
-
-def _dropped(task: str) -> list[Sample]:
-    """The samples of ``task`` in the groups the rollout finished, the dropped ones included."""
-    return [
-        sample
-        for group in miles_hooks.recorded_groups
-        for samples in _episodes(group)
-        for sample in samples
-        if sample.metadata["episode"]["task_name"] == task
-    ]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -63,7 +27,7 @@ def test_a_played_row_trains_the_models_tokens_and_masks_the_tool_output(miles, 
     assert args.rollout_function_path == "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"
     output = miles.rollout(args)
 
-    samples = _only_sample(miles, output, "played")
+    samples = kept_samples(miles, output, "played")
     assert len(samples) == 2
     for sample in samples:
         assert sample.status == Sample.Status.COMPLETED
@@ -72,7 +36,7 @@ def test_a_played_row_trains_the_models_tokens_and_masks_the_tool_output(miles, 
         assert (outcome.reward, outcome.scored, outcome.flags) == (1.0, True, ())
         assert (outcome.turns, outcome.model_calls, outcome.tool_calls) == (1, 2, 1)
         assert sample.metadata["tito_session_mismatch"] == []
-        trained, masked = _spans(miles, sample)
+        trained, masked = trained_and_masked(miles, sample)
         assert trained == [
             '<tool_call>\n{"name": "find_crate", "arguments": {"name": "pears"}}\n</tool_call><|im_end|>',
             "The crate of pears is on shelf 9C.<|im_end|>",
@@ -88,9 +52,9 @@ def test_a_played_row_trains_the_models_tokens_and_masks_the_tool_output(miles, 
 def test_a_two_turn_episode_trains_both_replies(miles, version):
     output = miles.rollout(miles.args(["two_turns"], version=version))
 
-    (sample,) = _only_sample(miles, output, "two_turns")
+    (sample,) = kept_samples(miles, output, "two_turns")
     assert sample.reward == 1.0
-    trained, masked = _spans(miles, sample)
+    trained, masked = trained_and_masked(miles, sample)
     assert trained == ["Welcome to the warehouse!<|im_end|>", "Goodbye, and thank you!<|im_end|>"]
     assert "<|im_start|>user\nTheir shift is over. Say goodbye to them.<|im_end|>" in masked[0]
 
@@ -99,10 +63,10 @@ def test_a_two_turn_episode_trains_both_replies(miles, version):
 def test_an_env_failure_is_flagged_and_its_group_left_out(miles, version):
     output = miles.rollout(miles.args(["fails_after_the_turn", "played"], version=version))
 
-    (kept,) = _only_sample(miles, output, "played")
+    (kept,) = kept_samples(miles, output, "played")
     assert kept.reward == 1.0
     assert output.metrics == {"rollout/dynamic_filter/drop_env_failed": 1}
-    (failed,) = _dropped("fails_after_the_turn")
+    (failed,) = dropped_samples("fails_after_the_turn")
     assert failed.reward is None
     outcome = EpisodeOutcome.from_metadata(failed.metadata)
     assert (outcome.reward, outcome.scored, outcome.reason) == (None, False, "env_failed")
@@ -120,15 +84,15 @@ def test_a_model_past_its_deadline_is_flagged_and_left_out(miles):
     output = miles.rollout(args)
 
     assert time.monotonic() - began < HELD_S / 2
-    (kept,) = _only_sample(miles, output, "reply_only")
+    (kept,) = kept_samples(miles, output, "reply_only")
     assert kept.reward == 1.0
     assert output.metrics == {"rollout/dynamic_filter/drop_model_deadline": 1}
-    (late,) = _dropped("played")
+    (late,) = dropped_samples("played")
     assert late.reward is None
     (flag,) = EpisodeOutcome.from_metadata(late.metadata).flags
     assert flag.kind == "model_deadline"
     assert f"model_deadline_s={miles_hooks.MODEL_DEADLINE_S}" in flag.message
-    trained, _ = _spans(miles, late)
+    trained, _ = trained_and_masked(miles, late)
     assert trained == ['<tool_call>\n{"name": "find_crate", "arguments": {"name": "pears"}}\n</tool_call><|im_end|>']
 
 
@@ -140,7 +104,7 @@ def test_an_aborted_rollout_closes_the_episodes_still_playing(miles, env_server)
     output = miles.rollout(args)
 
     assert time.monotonic() - began < HELD_S / 2
-    _only_sample(miles, output, "played")
+    kept_samples(miles, output, "played")
     assert miles.chat.aborts == 1
     assert len(miles.chat.requests_for(miles.prompt("reply_only"))) == 1
     env_server.wait_until_closed(timeout=5)

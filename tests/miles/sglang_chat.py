@@ -4,10 +4,12 @@ test_support's per-task scripts, in SGLang's shape, with Qwen3's token ids.
 Miles' session server renders the chat itself and sends its token ids as ``input_ids``; what it needs back is the
 reply's message and ``choices[0].meta_info.output_token_logprobs`` (``[logprob, token id, ...]`` per output token),
 which it stitches into the training sample. Those are test_support's Qwen3 tokens for the reply, tokenized with the
-checkpoint's tokenizer. Nothing in a request says which of Miles' sessions sent it, and a group's episodes share
-their prompt, so the session of a request on test_support's ``ScriptCursor`` is its episode's first user prompt, and
-its step the one at the position of how many replies the chat already holds. It also answers what Miles' abort step
-asks of SGLang's router and workers (``GET /workers``, ``POST /abort_request``).
+checkpoint's tokenizer; a reply longer than the request's ``max_tokens`` is cut there, its text whatever the cut
+tokens say and its finish reason ``length``, as SGLang answers. Nothing in a request says which of Miles' sessions
+sent it, and a group's episodes share their prompt, so the session of a request on test_support's ``ScriptCursor``
+is its episode's first user prompt, and its step the one at the position of how many replies the chat already holds.
+It also answers what Miles' abort step asks of SGLang's router and workers (``GET /workers``,
+``POST /abort_request``).
 """
 
 from __future__ import annotations
@@ -100,6 +102,13 @@ class SGLangChat(LoopbackServer):
                 }
                 for position, call in enumerate(reply.tool_calls)
             ]
+        finish_reason = reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
+        limit = body.get("max_tokens")
+        if limit is not None and len(logprobs) > limit:
+            logprobs = logprobs[:limit]
+            cut = self._tokenizer.decode([token for _, token, _ in logprobs], skip_special_tokens=True)
+            message = {"role": "assistant", "content": cut, "reasoning_content": None}
+            finish_reason = "length"
         meta_info = {
             "id": f"req-{next(self._ids)}",
             "prompt_tokens": len(body.get("input_ids") or ()),
@@ -107,7 +116,6 @@ class SGLangChat(LoopbackServer):
             "cached_tokens": 0,
             "output_token_logprobs": logprobs,
         }
-        finish_reason = "tool_calls" if reply.tool_calls else "stop"
         return {
             "id": meta_info["id"],
             "object": "chat.completion",

@@ -180,3 +180,53 @@ def test_evaluate_through_slimes_adapter_scores_every_episode_as_the_env_server_
     assert all(prompt.endswith(THINKING_OFF_PROMPT_END) for prompt in prompts)
     assert all(request["sampling_params"]["temperature"] == 0.5 for request in generated)
     assert overlap.most >= 2
+
+
+def _evaluate(adapter: AdapterService, args: Any, rows: Path, out: Path, *options: str) -> subprocess.CompletedProcess:
+    """``python -m chat_core.evaluate`` on ``rows`` through ``adapter``, into ``out``."""
+    command = [
+        sys.executable, "-m", "chat_core.evaluate", str(rows),
+        "--model-url", adapter.chat_url.removesuffix("/chat/completions"),
+        "--model", Path(args.hf_checkpoint).name,
+        "--out", str(out),
+        *options,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_evaluate_through_slimes_adapter_ends_episodes_at_a_full_context_and_a_cut_reply(
+    launch, sglang, env_server, rows, tokenizer, tmp_path
+):
+    """``played``'s second prompt fills the adapter's ``--rollout-max-context-len``, and ``reply_only``'s reply runs
+    past the ``max_tokens`` evaluate sends."""
+    scripts = slow_task_scripts(env_server)
+    sglang.script_of = lambda prompt: [text("A banana, " * 60)] if "yellow fruit" in prompt else scripts(prompt)
+    two = tmp_path / "rows"
+    two.mkdir()
+    (two / "all.jsonl").write_text(
+        "".join(
+            line + "\n"
+            for line in (rows / "all.jsonl").read_text().splitlines()
+            if json.loads(line)["metadata"]["episode"]["task_name"] in ("played", "reply_only")
+        )
+    )
+    cut_at = '{"max_tokens": 40}'
+    args = launch(thinking=False)
+    assert _evaluate(AdapterService.of(args), args, two, tmp_path / "whole", "--sampling", cut_at).returncode == 0
+    [second] = [request for request in sglang.requests if "pears" in tokenizer.decode(request["input_ids"])][1:]
+    full = len(second["input_ids"])
+    AdapterService.reset()
+    sglang.clear()
+    filled = launch(thinking=False, extra=("--rollout-max-context-len", str(full)))
+
+    done = _evaluate(AdapterService.of(filled), filled, two, tmp_path / "run", "--sampling", cut_at)
+
+    assert done.returncode == 0, done.stderr
+    records = {record["task"]: record for record in map(json.loads, (tmp_path / "run" / "episodes.jsonl").open())}
+    played, reply_only = (EpisodeOutcome.from_metadata(records[task]) for task in ("played", "reply_only"))
+    assert (played.reason, played.model_calls, played.tool_calls) == ("context_exhausted", 1, 1)
+    assert f"this turn's prompt is {full} tokens" in played.flags[0].message
+    assert (reply_only.reason, reply_only.model_calls, reply_only.truncated) == ("response_limit", 1, True)
+    assert [len(request["input_ids"]) < full for request in sglang.requests] == [True] * 3
+    assert "cut short: full context 50.0%, cut reply 50.0%" in done.stdout

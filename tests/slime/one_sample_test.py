@@ -11,35 +11,29 @@ prompt of its own, on a server of its own."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import itertools
-import json
-import shutil
 import statistics
 import threading
 from argparse import Namespace
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from chat_core import EpisodeOutcome
-from chat_core.prepare import write_rows
 from chat_core.record.metrics import rollout_log_metrics
-from launch import parse_slime_args, slime_command
+from family_play import FamilyLaunch, family_launcher, served_rows, whole_episode, writes_as
 from rollout import SAMPLE_PER_TURN, group_of, rollout, rollout_manager
 from sglang_stand_in import Generated, StandInSGLang
 from slime.agent.trajectory import TurnRecord
-from slime.utils.processing_utils import load_tokenizer
 from slime_helper import AdapterService
 from slime_helper.chat_template import ChatTemplate
 from slime_helper.renderer import AppendOnlyRenderer
 from slime_helper.tokenizers import AppendOnlyTokenizer, WholeChatTokenizer, turn_session
-from test_support import SAMPLE_BUNDLE, serve_bundle, text, tool_call, tool_calls
-from test_support.checkpoint import family_checkpoint
-from test_support.families import FAMILIES, Family, Mode, written
+from test_support import text, tool_call
+from test_support.families import FAMILIES
 from test_support.qwen3 import END_OF_TURN, qwen3_text
 from test_support.script import Reply
 
@@ -98,8 +92,8 @@ CALLING = (
 and ending the turn, so the second turn's system prompt and user message follow a tool answer (1)."""
 REPLYING = (text("The pears are on shelf 9C, the apples on shelf 4B. " * 120), text("The oranges are in."))
 """A reply-only episode of a family: its first reply runs past the launch's ``--rollout-max-response-len`` (1,024
-tokens) and is cut there, and its second doesn't name the dock (0)."""
-FAMILY_CONFIG = "episode_max_tool_calls_per_turn: 2\n"
+tokens) and is cut there, played on as ``FAMILY_CONFIG`` asks, and its second doesn't name the dock (0)."""
+FAMILY_CONFIG = "episode_max_tool_calls_per_turn: 2\nepisode_play_on_cut_reply: true\n"
 FAMILY_MODES = [
     *((family, mode, bool(mode.thinks and family.reasoning_parser)) for family in FAMILIES for mode in family.modes),
     (FAMILIES[1], FAMILIES[1].modes[1], False),
@@ -111,44 +105,17 @@ without one, where slime's adapter leaves the reasoning in the reply's text."""
 @pytest.fixture(scope="module")
 def stocktake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The rows of a server serving ``stocktake`` and ``quoted`` with the sample bundle's warehouse."""
-    bundle = tmp_path_factory.mktemp("bundles") / "stocktake-env"
-    (bundle / "tasks").mkdir(parents=True)
-    shutil.copytree(SAMPLE_BUNDLE / "envs", bundle / "envs")
-    (bundle / "tasks" / "stocktake.json").write_text(json.dumps(STOCKTAKE))
-    (bundle / "tasks" / "quoted.json").write_text(json.dumps(QUOTED))
-    with serve_bundle(bundle) as served:
-        rows = tmp_path_factory.mktemp("stocktake") / "rows"
-        asyncio.run(write_rows(served.url, rows, progress=False))
-        yield rows / "all.jsonl"
+    with served_rows(tmp_path_factory.mktemp("stocktake"), {"stocktake": STOCKTAKE, "quoted": QUOTED}) as rows:
+        yield rows
 
 
 @pytest.fixture(scope="module")
 def family_launches(
     tmp_path_factory: pytest.TempPathFactory, stocktake: Path, sglang_server: StandInSGLang
-) -> Callable[[Family, Mode, bool], tuple[Namespace, Any]]:
+) -> FamilyLaunch:
     """slime's arguments for a launch of a family in a mode, with or without its reasoning parser, on the
-    ``stocktake`` rows with at most two tool calls a turn, and the family's tokenizer as slime loads it. slime's
-    ``parse_args`` reads each family's launch (its checkpoint, tool-call parser and ``--custom-config-path``) once;
-    a mode sets what ``--apply-chat-template-kwargs`` and ``--sglang-reasoning-parser`` would."""
-    config = tmp_path_factory.mktemp("config") / "custom.yaml"
-    config.write_text(FAMILY_CONFIG)
-    parsed: dict[str, tuple[Namespace, Any]] = {}
-
-    def launch(family: Family, mode: Mode, reasoning_parser: bool) -> tuple[Namespace, Any]:
-        if family.name not in parsed:
-            checkpoint = family_checkpoint(tmp_path_factory.mktemp("families") / family.name, family)
-            flags = ["--sglang-tool-call-parser", family.tool_parser, "--custom-config-path", str(config)]
-            router = (sglang_server.host, sglang_server.port)
-            args = parse_slime_args(slime_command(checkpoint, router, stocktake, {}, *flags))
-            parsed[family.name] = args, load_tokenizer(str(checkpoint), trust_remote_code=True)
-        args, tokenizer = parsed[family.name]
-        moded = {
-            "apply_chat_template_kwargs": dict(mode.template_kwargs),
-            "sglang_reasoning_parser": family.reasoning_parser if reasoning_parser else None,
-        }
-        return Namespace(**{**vars(args), **moded}), tokenizer
-
-    return launch
+    ``stocktake`` rows with ``FAMILY_CONFIG``, and the family's tokenizer as slime loads it."""
+    return family_launcher(tmp_path_factory.mktemp("launches"), stocktake, sglang_server, FAMILY_CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -219,27 +186,6 @@ def played(
     return args, episodes, list(by_session.values()), prompts
 
 
-def whole_episode(replies: list[Generated]) -> tuple[list[int], list[int], list[float]]:
-    """The tokens of an episode whose model calls were ``replies``, rendered append-only, its last prompt and reply;
-    and the loss mask and logprobs of everything past its first prompt: 1 and the model's logprob on every token it
-    generated, 0 elsewhere."""
-    tokens = [*replies[-1].prompt, *replies[-1].output]
-    mask, logprobs = [0] * len(tokens), [0.0] * len(tokens)
-    for reply in replies:
-        start = len(reply.prompt)
-        assert tokens[: start + len(reply.output)] == [*reply.prompt, *reply.output], "a prompt forked"
-        mask[start : start + len(reply.output)] = [1] * len(reply.output)
-        logprobs[start : start + len(reply.output)] = reply.logprobs
-    first = len(replies[0].prompt)
-    return tokens, mask[first:], logprobs[first:]
-
-
-def reasoning_of(reply: Reply) -> str:
-    """What the model thinks before ``reply``."""
-    about = reply.tool_calls[0].name if reply.tool_calls else "the answer"
-    return f"I should give {about} next."
-
-
 @pytest.mark.parametrize(
     ("family", "mode", "reasoning_parser"),
     FAMILY_MODES,
@@ -251,9 +197,7 @@ def test_every_family_renders_an_episode_as_one_sample_of_its_last_prompt_and_re
     args, tokenizer = family_launches(family, mode, reasoning_parser)
     scripts = iter((CALLING, REPLYING))
     sglang.script_of = lambda prompt: next(scripts)
-    sglang.writes = lambda reply: tokenizer.encode(
-        written(tokenizer, family, mode, reply, reasoning_of(reply)), add_special_tokens=False
-    )
+    sglang.writes = writes_as(tokenizer, family, mode)
     prompts = Prompts(AdapterService.of(args).adapter.tokenizer, type(tokenizer), monkeypatch)
 
     episodes = rollout(args, copy.deepcopy(stocktake_group))
@@ -359,30 +303,6 @@ def test_through_slimes_train_data_conversion_each_one_sample_episode_gets_its_o
     assert train["loss_masks"] == [sample.loss_mask for sample in samples]
     assert train["rollout_mask_sums"] == [sum(sample.loss_mask) for sample in samples]
     assert rollout_log_metrics(samples)["rollout/episode/samples_per_episode"] == 1.0
-
-
-def test_a_reply_of_parallel_tool_calls_is_flagged_counted_and_still_one_sample(launch, sglang, tokenizer):
-    args = launch(thinking=False)
-    both = tool_calls(tool_call("find_crate", {"name": "pears"}), tool_call("find_crate", {"name": "apples"}))
-    sglang.script_of = lambda prompt: [both, text("The pears are on shelf 9C.")]
-
-    episodes = rollout(args, group_of(args, "played"))
-
-    for samples in episodes:
-        [sample] = samples
-        outcome = EpisodeOutcome.from_metadata(sample.metadata)
-        assert outcome.scored and outcome.tool_calls == 1 and outcome.dropped_tool_calls == 1
-        [flag] = outcome.flags
-        assert str(flag.kind) == "tool_calls_dropped" and not flag.fatal
-        assert flag.message.startswith("reply 1 made 2 tool calls (find_crate, find_crate)")
-        trained = [
-            token
-            for token, mask in zip(sample.tokens[-sample.response_length :], sample.loss_mask, strict=True)
-            if mask
-        ]
-        assert tokenizer.decode(trained) == qwen3_text(both) + END_OF_TURN + "The pears are on shelf 9C." + END_OF_TURN
-    metrics = rollout_log_metrics([sample for samples in episodes for sample in samples])
-    assert metrics["rollout/episode/dropped_tool_calls_mean"] == 1.0
 
 
 @pytest.fixture

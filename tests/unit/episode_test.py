@@ -39,6 +39,7 @@ from test_support import (
     tool_call,
     tool_calls,
 )
+from test_support.script import Reply
 from test_support.waits import free_port, until
 from websockets.asyncio.server import ServerConnection, serve
 
@@ -313,7 +314,11 @@ def test_a_reply_at_the_token_limit_and_a_tool_answer_of_several_mb_fit_the_defa
 
     assert result.scored and result.reward == 1.0, result.flags
     answered = result.transcript[3]
-    assert answered["role"] == "tool" and len(answered["content"]) > 6_000_000
+    shown = Limits().max_tool_answer_chars
+    assert answered["role"] == "tool" and answered["content"].startswith("error (")
+    assert answered["content"].endswith(" more characters, past the 16,000 shown]")
+    assert len(answered["content"]) < shown + 100
+    assert result.tool_answers_cut == 1 and result.tool_answer_bytes_cut > 6_000_000 - shown
     assert result.turns[0].tool_errors == 1
 
 
@@ -463,18 +468,221 @@ def test_arguments_that_arent_an_object_are_answered_as_an_error(
     assert [(turn.tool_calls, turn.tool_errors) for turn in result.turns] == [(2, 1)]
 
 
-def test_a_reply_cut_at_the_token_limit_is_played_and_noted(
+def test_a_reply_cut_at_the_token_limit_is_played_on_and_noted_when_the_launch_asks(
     sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
 ) -> None:
     steps = [text("Welcome to the ware", finish_reason="length"), text("Goodbye!")]
 
-    result = _play(sample_env, rows["two_turns"], scripted_model, steps)
+    result = _play(sample_env, rows["two_turns"], scripted_model, steps, limits=Limits(play_on_cut_reply=True))
 
     assert result.reward == 1.0 and result.scored
     assert _kinds(result) == [FlagKind.REPLY_TRUNCATED]
     assert result.flags[0].message.startswith("turn 1: ")
     assert not result.flags[0].fatal
     assert len(result.turns) == 2
+
+
+def test_a_reply_cut_at_the_token_limit_ends_the_episode_there_unscored_its_calls_not_run(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    cut = Reply("Let me look.", tool_call("find_crate", {"name": "pears"}).tool_calls, finish_reason="length")
+    steps = [cut, text("The crate of pears is on shelf 9C.")]
+
+    result = _play(sample_env, rows["played"], scripted_model, steps)
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.RESPONSE_LIMIT] and result.flags[0].fatal
+    assert result.flags[0].message == (
+        "turn 1: reply 1 was cut at the model's token limit (finish_reason 'length'), and play_on_cut_reply is "
+        "false; the episode ended there unscored, its verifiers not run (score_cut_short is false)"
+    )
+    assert [(turn.model_calls, turn.tool_calls) for turn in result.turns] == [(1, 0)]
+    assert len(scripted_model.requests) == 1
+
+
+def test_a_cut_reply_is_scored_as_it_stands_with_score_cut_short(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    steps = [text("A banana, which is long and", finish_reason="length")]
+
+    result = _play(sample_env, rows["reply_only"], scripted_model, steps, limits=Limits(score_cut_short=True))
+
+    assert result.reward == 1.0 and result.scored
+    assert _kinds(result) == [FlagKind.RESPONSE_LIMIT] and not result.flags[0].fatal
+    assert result.flags[0].message.endswith(
+        "the turn was handed to the env with the latest reply's text and the episode scored as it stands, as "
+        "score_cut_short asks"
+    )
+
+
+def test_an_episode_cut_short_that_the_env_goes_on_with_is_unscored_even_with_score_cut_short(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    steps = [text("Welcome to the ware", finish_reason="length"), text("Goodbye!")]
+
+    result = _play(sample_env, rows["two_turns"], scripted_model, steps, limits=Limits(score_cut_short=True))
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.RESPONSE_LIMIT] and result.flags[0].fatal
+    assert "but the env opened turn 2 rather than score the episode, so it ended unscored" in result.flags[0].message
+    assert len(result.turns) == 1 and len(scripted_model.requests) == 1
+
+
+CONTEXT_REFUSALS = {
+    "OpenAI": {
+        "error": {
+            "message": "This model's maximum context length is 8192 tokens. However, your messages resulted in 8200 "
+            "tokens. Please reduce the length of the messages.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    },
+    "vLLM": {
+        "object": "error",
+        "message": "This model's maximum context length is 8192 tokens. However, your request has 8200 input tokens. "
+        "Please reduce the length of the input messages.",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    },
+    "SGLang": {
+        "object": "error",
+        "message": "The input (8200 tokens) is longer than the model's context length (8192 tokens).",
+        "type": "BadRequest",
+        "param": None,
+        "code": 400,
+    },
+    "SGLang, prompt and max_tokens": {
+        "object": "error",
+        "message": "Requested token count exceeds the model's maximum context length of 8192 tokens. You requested "
+        "a total of 9000 tokens: 7000 tokens from the input messages and 2000 tokens for the completion. Please "
+        "reduce the number of tokens in the input messages or the completion to fit within the limit.",
+        "type": "BadRequest",
+        "param": None,
+        "code": 400,
+    },
+}
+"""How OpenAI's API, vLLM's and SGLang's OpenAI servers refuse a prompt too long for the model's context."""
+
+
+@pytest.mark.parametrize("server", list(CONTEXT_REFUSALS))
+def test_a_prompt_the_chat_endpoint_refuses_as_too_long_ends_the_episode_there(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel, server: str
+) -> None:
+    steps = [tool_call("find_crate", {"name": "pears"}), error(400, CONTEXT_REFUSALS[server]), text("Shelf 9C.")]
+
+    result = _play(sample_env, rows["played"], scripted_model, steps)
+
+    assert result.reward is None and not result.scored
+    assert _kinds(result) == [FlagKind.CONTEXT_EXHAUSTED] and result.flags[0].fatal
+    said = CONTEXT_REFUSALS[server].get("error", CONTEXT_REFUSALS[server])["message"]
+    assert result.flags[0].message.startswith(
+        f"turn 1: the next prompt doesn't fit the model's context (the chat endpoint {_chat(scripted_model, '').url} "
+        f'refused the prompt: "{said[:40]}'
+    )
+    assert [(turn.model_calls, turn.tool_calls) for turn in result.turns] == [(1, 1)]
+    assert len(scripted_model.requests) == 2
+
+
+def test_a_full_context_hands_the_turn_to_the_env_with_the_latest_text_with_score_cut_short(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    looked = tool_call("find_crate", {"name": "pears"}, content="The pears are on shelf 9C, I think.")
+    steps = [looked, error(400, CONTEXT_REFUSALS["SGLang"])]
+
+    result = _play(sample_env, rows["played"], scripted_model, steps, limits=Limits(score_cut_short=True))
+
+    assert result.reward == 1.0 and result.scored
+    assert _kinds(result) == [FlagKind.CONTEXT_EXHAUSTED] and not result.flags[0].fatal
+
+
+def _counted(message: dict[str, Any], prompt_tokens: int, completion_tokens: int) -> Any:
+    """A completion holding ``message``, whose usage counts ``prompt_tokens`` and ``completion_tokens``."""
+    choice = {"index": 0, "message": message, "finish_reason": "tool_calls" if "tool_calls" in message else "stop"}
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+    return broken(json.dumps({"choices": [choice], "usage": usage}))
+
+
+FIND_PEARS = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "find_crate", "arguments": "{}"}}],
+}
+
+
+def test_a_reply_taking_the_context_past_max_context_tokens_is_left_unplayed_and_the_episode_ended(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    answer = {"role": "assistant", "content": "The crate of pears is on shelf 9C."}
+    steps = [_counted(FIND_PEARS, 100, 20), _counted(answer, 125, 10)]
+
+    result = _play(sample_env, rows["played"], scripted_model, steps, limits=Limits(max_context_tokens=130))
+
+    assert _kinds(result) == [FlagKind.CONTEXT_EXHAUSTED] and not result.scored
+    assert "the reply took the context to 135 tokens, past max_context_tokens=130" in result.flags[0].message
+    assert [message["role"] for message in result.transcript] == ["system", "user", "assistant", "tool"]
+    assert len(scripted_model.requests) == 2
+
+
+def test_a_context_holding_max_context_tokens_asks_the_model_no_more(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    steps = [_counted(FIND_PEARS, 100, 30), text("The crate of pears is on shelf 9C.")]
+
+    result = _play(sample_env, rows["played"], scripted_model, steps, limits=Limits(max_context_tokens=130))
+
+    assert _kinds(result) == [FlagKind.CONTEXT_EXHAUSTED] and not result.scored
+    assert "the context holds 130 tokens, max_context_tokens=130" in result.flags[0].message
+    assert [(turn.model_calls, turn.tool_calls) for turn in result.turns] == [(1, 1)]
+    assert len(scripted_model.requests) == 1
+
+
+def test_max_context_tokens_needs_the_chat_endpoint_to_report_usage(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    steps = [_as_sent({"role": "assistant", "content": "A banana."})]
+
+    result = _play(sample_env, rows["reply_only"], scripted_model, steps, limits=Limits(max_context_tokens=8192))
+
+    assert _kinds(result) == [FlagKind.SESSION_FAILED]
+    assert "answered without usage" in result.flags[0].message
+
+
+def test_a_tool_answer_past_max_tool_answer_chars_reaches_the_model_cut_with_a_line_saying_so(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    result = _play(
+        sample_env, rows["played"], scripted_model, SCRIPTS["played"], limits=Limits(max_tool_answer_chars=12)
+    )
+
+    assert result.reward == 1.0 and result.scored and result.flags == []
+    shown = "The crate 'p\n[the tool's answer is cut here: 21 more characters, past the 12 shown]"
+    assert result.transcript[3]["content"] == shown
+    assert scripted_model.requests[1].messages[3]["content"] == shown
+    assert (result.tool_answers_cut, result.tool_answer_bytes_cut) == (1, 21)
+
+
+def test_every_tool_call_of_a_reply_is_run_in_order_and_answered(
+    sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel
+) -> None:
+    three = tool_calls(
+        tool_call("find_crate", {"name": "pears"}),
+        tool_call("add_crate", {"name": "oranges"}),
+        tool_call("find_crate", {"name": "oranges"}),
+    )
+
+    result = _play(sample_env, rows["adds_a_crate"], scripted_model, [three, text("The oranges are in.")])
+
+    assert result.reward == 1.0 and result.scored and result.flags == []
+    called, *answers, _ = result.transcript[2:]
+    assert [answer["tool_call_id"] for answer in answers] == [call["id"] for call in called["tool_calls"]]
+    assert [answer["content"] for answer in answers] == [
+        "The crate 'pears' is on shelf 9C.",
+        "Added the crate 'oranges'; the warehouse holds 3 crates.",
+        "The crate 'oranges' is on shelf dock.",
+    ]
+    assert [(turn.model_calls, turn.tool_calls, turn.dropped_tool_calls) for turn in result.turns] == [(2, 3, 0)]
 
 
 def test_the_model_may_end_its_turn_itself(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
@@ -516,6 +724,7 @@ def test_calls_after_end_turn_are_not_run(sample_env: ServedBundle, rows: Rows, 
 
     assert result.reward == 0.0 and result.scored
     assert result.transcript[-1]["content"] == "error: not run: the turn had already ended"
+    assert result.turns[0].dropped_tool_calls == 1
 
 
 def test_past_the_tool_call_limit_the_turn_ends_with_the_latest_text(
@@ -531,7 +740,7 @@ def test_past_the_tool_call_limit_the_turn_ends_with_the_latest_text(
     assert result.reward == 1.0 and result.scored
     assert _kinds(result) == [FlagKind.TOOL_CALL_LIMIT]
     assert result.transcript[-1]["content"] == "error: not run: the turn's tool-call limit was reached"
-    assert result.turns[0].tool_calls == 1
+    assert result.turns[0].tool_calls == 1 and result.turns[0].dropped_tool_calls == 1
 
 
 def test_past_the_turn_limit_the_episode_is_abandoned_unscored(

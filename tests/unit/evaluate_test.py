@@ -290,3 +290,44 @@ def test_compare_prints_the_change_per_split_and_task(
     shown = capsys.readouterr().out
     assert "split all: 1.000 → 0.000: -1.000 ± 0.000" in shown
     assert "  reply_only: 1.000 → 0.000: -1.000 ± 0.000" in shown
+
+
+CONTEXT_FULL = {"object": "error", "message": "The input (8200 tokens) is longer than the model's context length "
+                "(8192 tokens).", "type": "BadRequest", "param": None, "code": 400}  # fmt: skip
+"""What SGLang's OpenAI server answers, with HTTP 400, a prompt too long for the model's context."""
+
+
+def test_episodes_cut_short_are_unscored_or_scored_as_they_stand_and_long_tool_answers_cut(
+    sample_env: ServedBundle, rows: Path, model: ScriptedModel, tmp_path: Path, capsys
+) -> None:
+    cut_short = {
+        "played": [SCRIPTS["played"][0], error(400, CONTEXT_FULL)],
+        "reply_only": [text("A banana, which is long and", finish_reason="length")],
+    }
+    _script(model, rows, cut_short)
+    two = _only(rows, tmp_path / "rows", "played", "reply_only")
+
+    assert main(_args(two, model, tmp_path / "left-out")) == 0
+    assert main(_args(two, model, tmp_path / "scored", "--score-cut-short")) == 0
+    assert main(_args(two, model, tmp_path / "played-on", "--play-on-cut-reply", "--max-tool-answer-chars", "12")) == 0
+
+    shown = capsys.readouterr().out
+    left_out = {r["task"]: EpisodeOutcome.from_metadata(r) for r in _records(tmp_path / "left-out")}
+    assert {task: outcome.reason for task, outcome in left_out.items()} == {
+        "played": "context_exhausted",
+        "reply_only": "response_limit",
+    }
+    assert "unscored: context_exhausted 1, response_limit 1" in shown
+    assert "cut short: full context 50.0%, cut reply 50.0%; tool answers cut 0 per episode" in shown
+    scored = {r["task"]: EpisodeOutcome.from_metadata(r) for r in _records(tmp_path / "scored")}
+    assert {task: (outcome.reward, outcome.flags[0].kind) for task, outcome in scored.items()} == {
+        "played": (0.0, "context_exhausted"),
+        "reply_only": (1.0, "response_limit"),
+    }
+    played_on = {r["task"]: r for r in _records(tmp_path / "played-on")}
+    reply_only = EpisodeOutcome.from_metadata(played_on["reply_only"])
+    assert (reply_only.reward, [flag.kind for flag in reply_only.flags]) == (1.0, ["reply_truncated"])
+    cut_answer = played_on["played"]["transcript"][3]["content"]
+    assert cut_answer == "The crate 'p\n[the tool's answer is cut here: 21 more characters, past the 12 shown]"
+    summary = json.loads((tmp_path / "played-on" / "summary.json").read_text())["splits"]["all"]
+    assert summary["tool_answers_cut_mean"] == 0.5 and summary["tool_answer_bytes_cut_mean"] == 10.5

@@ -17,7 +17,7 @@ from chat_core import OUTCOME_KEY, ChatEndpoint, EpisodeOutcome, EpisodeResult, 
 from chat_core.prepare import write_rows
 from chat_core.record.filters import Episode, scored_group_drop, scored_nonzero_std_group_drop
 from chat_core.record.metrics import episode_metrics, rollout_log_metrics
-from test_support import SCRIPTS, ScriptedModel, ServedBundle, error, text
+from test_support import SCRIPTS, ScriptedModel, ServedBundle, error, text, tool_call
 
 pytest_plugins = ["test_support.pytest_plugin"]
 
@@ -46,11 +46,17 @@ class RecordedTrace:
             self.spans.append((name, dict(attrs), end, time.monotonic() - began))
 
 
-def _played(model: ScriptedModel, metadata: dict[str, Any], steps: Any, trace: RecordedTrace | None = None):
+def _played(
+    model: ScriptedModel,
+    metadata: dict[str, Any],
+    steps: Any,
+    trace: RecordedTrace | None = None,
+    limits: Limits | None = None,
+):
     session = metadata["episode"]["task_name"]
     model.script(steps, session=session)
     chat = ChatEndpoint(model.base_url + "/chat/completions", "policy", {"Authorization": f"Bearer {session}"})
-    return asyncio.run(play(metadata, chat, {}, Limits(), trace=trace))
+    return asyncio.run(play(metadata, chat, {}, limits or Limits(), trace=trace))
 
 
 def metadata_server(metadata: dict[str, Any]) -> str:
@@ -93,12 +99,42 @@ def test_a_record_written_before_dropped_tool_calls_were_counted_reads_0():
     assert EpisodeOutcome.from_metadata({OUTCOME_KEY: metadata}).dropped_tool_calls == 0
 
 
-def test_tool_calls_an_endpoint_dropped_are_flagged_without_leaving_the_episode_unscored():
+def test_a_record_of_tool_calls_slimes_adapter_dropped_reads_back_scored():
     flag = Flag(FlagKind.TOOL_CALLS_DROPPED, "reply 1 made 2 tool calls")
     outcome = replace(_outcome(1.0), flags=(flag,), dropped_tool_calls=1)
 
     assert not flag.fatal and outcome.scored
     assert EpisodeOutcome.from_metadata(json.loads(json.dumps({OUTCOME_KEY: outcome.to_metadata()}))) == outcome
+
+
+def test_a_flag_reads_back_as_fatal_as_it_was_written_and_one_written_without_saying_by_its_kind():
+    scored_as_it_stands = Flag(FlagKind.CONTEXT_EXHAUSTED, "turn 3: the context is full", fatal=False)
+    outcome = replace(_outcome(1.0), flags=(scored_as_it_stands, Flag(FlagKind.RESPONSE_LIMIT, "turn 1: cut")))
+    metadata = json.loads(json.dumps({OUTCOME_KEY: outcome.to_metadata()}))
+    read = EpisodeOutcome.from_metadata(metadata)
+    del metadata[OUTCOME_KEY]["flags"][0]["fatal"]
+
+    assert read == outcome and [flag.fatal for flag in read.flags] == [False, True]
+    assert EpisodeOutcome.from_metadata(metadata).flags[0].fatal
+
+
+def test_a_record_written_before_tool_answers_were_cut_reads_0():
+    metadata = _outcome(1.0).to_metadata()
+    del metadata["tool_answers_cut"], metadata["tool_answer_bytes_cut"]
+
+    read = EpisodeOutcome.from_metadata({OUTCOME_KEY: metadata})
+
+    assert (read.tool_answers_cut, read.tool_answer_bytes_cut) == (0, 0)
+
+
+def test_the_outcome_counts_the_tool_answers_cut_and_the_calls_answered_not_run(sample_env, rows, scripted_model):
+    steps = [tool_call("find_crate", {"name": "apples"}), tool_call("find_crate", {"name": "pears"}, content="9C")]
+    limits = Limits(max_tool_calls_per_turn=1, max_tool_answer_chars=10)
+
+    outcome = EpisodeOutcome.of(_played(scripted_model, rows["played"], steps, limits=limits))
+
+    assert (outcome.dropped_tool_calls, outcome.tool_answers_cut) == (1, 1)
+    assert outcome.tool_answer_bytes_cut == len("The crate 'apples' is on shelf 4B.") - 10
 
 
 def test_an_unscored_outcome_names_its_first_fatal_flag_and_has_no_reward(sample_env, rows, scripted_model):
@@ -108,10 +144,18 @@ def test_an_unscored_outcome_names_its_first_fatal_flag_and_has_no_reward(sample
     assert (outcome.reward, outcome.scored, outcome.reason) == (None, False, "env_failed")
 
 
-def test_a_reply_cut_at_the_token_limit_is_marked_truncated(sample_env, rows, scripted_model):
-    result = _played(scripted_model, rows["reply_only"], [text("A banana, which is", finish_reason="length")])
+def test_a_reply_cut_at_the_token_limit_is_marked_truncated_whether_it_ended_the_episode_or_was_played_on(
+    sample_env, rows, scripted_model
+):
+    steps = [text("A banana, which is", finish_reason="length")]
 
-    assert EpisodeOutcome.of(result).truncated and EpisodeOutcome.of(result).scored
+    ended = EpisodeOutcome.of(_played(scripted_model, rows["reply_only"], steps))
+    played_on = EpisodeOutcome.of(
+        _played(scripted_model, rows["reply_only"], steps, limits=Limits(play_on_cut_reply=True))
+    )
+
+    assert (ended.truncated, ended.scored, ended.reason) == (True, False, "response_limit")
+    assert (played_on.truncated, played_on.scored, played_on.reward) == (True, True, 1.0)
 
 
 def test_an_aborted_outcome_is_unscored_with_its_own_kind():
@@ -178,6 +222,23 @@ def test_metrics_count_each_episode_once_whatever_its_samples():
     assert (metrics["tool_calls_mean"], metrics["tool_calls_p90"]) == (1.0, 4.0)
     assert (metrics["dropped_tool_calls_mean"], metrics["dropped_tool_calls_p90"]) == (0.5, 2.0)
     assert metrics["env_s_mean"] == 2.0 and metrics["wall_s_mean"] == 3.5
+
+
+def test_metrics_give_the_share_of_episodes_cut_short_each_way_scored_or_not_and_the_tool_answers_cut():
+    full = Flag(FlagKind.CONTEXT_EXHAUSTED, "turn 2: the context is full")
+    outcomes = [
+        replace(_outcome(None, reason="context_exhausted"), flags=(full,)),
+        replace(_outcome(0.0), flags=(Flag(FlagKind.CONTEXT_EXHAUSTED, "turn 4: the context is full", fatal=False),)),
+        replace(_outcome(None, reason="response_limit"), flags=(Flag(FlagKind.RESPONSE_LIMIT, "turn 1: cut"),)),
+        replace(_outcome(1.0), tool_answers_cut=3, tool_answer_bytes_cut=4_000),
+    ]
+
+    metrics = episode_metrics(outcomes, [1, 1, 1, 1])
+
+    assert metrics["cut_short_share/context_exhausted"] == 0.5 and metrics["cut_short_share/response_limit"] == 0.25
+    assert metrics["unscored_share/context_exhausted"] == 0.25 and metrics["scored_share"] == 0.5
+    assert (metrics["tool_answers_cut_mean"], metrics["tool_answers_cut_p90"]) == (0.75, 3.0)
+    assert metrics["tool_answer_bytes_cut_mean"] == 1_000
 
 
 @dataclass(frozen=True)

@@ -10,18 +10,23 @@ and comes back flagged instead of playing on against an aborted model.
 
 The agent takes no Miles arguments, so its limits are fixed when it is made: ``make_agent(limits, env_servers=...)``
 makes one with other limits or a pool of env servers, for a module of the user's own that also exports this
-``abort``.
+``abort``. The one Miles setting it reads is ``--max-seq-len``, the tokens of a session's context, which Miles hands
+the agent in the row's metadata as ``max_seq_len``: Miles' session server doesn't bound a session by it (it cuts the
+sample to it afterwards), so the episode is cut short where the context reaches it (``Limits.max_context_tokens``).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from chat_core import OUTCOME_KEY, ChatEndpoint, EpisodeOutcome, EpisodeResult, Limits, play
 from chat_core.env.pool import named_pool
 
+MAX_SEQ_LEN = "max_seq_len"
+"""The key of the metadata Miles hands the agent that holds its ``--max-seq-len``, when the launch sets it."""
 MODEL = "default"
 """The ``model`` of every chat request. SGLang serves one model whatever the name, and a name with a ``:`` would ask
 it for a LoRA adapter, so this is the name Miles' own agents send."""
@@ -57,10 +62,12 @@ def make_agent(limits: Limits | None = None, *, env_servers: Sequence[str] = ())
         ``chat_core.OUTCOME_KEY`` (its reward, None unless it can be trained on, its flags, counts and seconds) and
         ``agent_metrics.total_tool_time`` (seconds in the env, which Miles counts as time
         spent outside generation). Raises ValueError when ``metadata`` isn't a row written by
-        ``chat_core.prepare``, and ServerMismatch when a server of the pool ``env_servers`` (or
-        ``TRAINER_HELPERS_ENV_SERVERS``) names serves other tasks; Miles logs it and leaves the sample aborted."""
+        ``chat_core.prepare`` or its ``max_seq_len`` isn't a positive number of tokens, and ServerMismatch when a
+        server of the pool ``env_servers`` (or ``TRAINER_HELPERS_ENV_SERVERS``) names serves other tasks; Miles logs it
+        and leaves the sample aborted."""
         chat = ChatEndpoint(url=base_url.rstrip("/") + "/v1/chat/completions", model=MODEL)
-        episode = asyncio.create_task(play(metadata, chat, request_kwargs, limits, env_servers=env_servers))
+        bounded = _within_max_seq_len(limits, metadata.get(MAX_SEQ_LEN))
+        episode = asyncio.create_task(play(metadata, chat, request_kwargs, bounded, env_servers=env_servers))
         _playing.add(episode)
         try:
             result = await episode
@@ -87,6 +94,16 @@ async def abort(args: Any) -> None:
         episode.cancel()
     if episodes:
         await asyncio.wait(episodes)
+
+
+def _within_max_seq_len(limits: Limits, max_seq_len: Any) -> Limits:
+    """``limits`` with the context bounded by Miles' ``--max-seq-len`` too, when the launch sets it."""
+    if max_seq_len is None:
+        return limits
+    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
+        raise ValueError(f"Miles' max_seq_len is a positive number of tokens, not {max_seq_len!r}")
+    bound = min(max_seq_len, limits.max_context_tokens or max_seq_len)
+    return replace(limits, max_context_tokens=bound)
 
 
 def _aborted(episode: asyncio.Task[EpisodeResult]) -> bool:

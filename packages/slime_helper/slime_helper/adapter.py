@@ -11,20 +11,25 @@ At start the helper probes the tokenizer's chat template: the tool-call parser m
 session is rendered append-only (``renderer``, ``tokenizers``) when the template can render what a turn adds after a
 reply, so an episode comes back as one sample; the start log says which rendering the launch uses. The adapter is
 slime's own class with its hooks extended: each request's session is bound for the rendering, each recorded turn is
-held for the session's next one, the tool calls of a reply that slime's adapter doesn't pass on (all but the first)
-are kept per session (``AdapterService.dropped_tool_calls``), and a chat the template can't render is answered with
-a 400 naming the template's error, kept per session (``AdapterService.template_failure``), instead of slime's 500;
-and a reply SGLang aborted reaches the client with finish reason ``abort`` (slime's adapter would say ``stop``),
-so ``chat_core`` ends the episode flagged ``reply_aborted``.
+held for the session's next one, and every tool call of a reply is passed on and recorded (slime's adapter passes on
+the first only, so the env would never run the others, though the model is trained on them). A chat the template
+can't render is answered with a 400 naming the template's error, kept per session
+(``AdapterService.template_failure``), instead of slime's 500; a prompt that fills ``--rollout-max-context-len`` with
+OpenAI's 400 ``context_length_exceeded``, recording nothing, where slime's adapter would record an empty reply cut
+at ``length``, so ``chat_core`` cuts the episode short flagged ``context_exhausted``. A reply SGLang aborted or cut
+at its token limit reaches the client with finish reason ``abort`` or ``length`` (slime's adapter says ``stop``
+for the first and ``tool_calls`` for a cut reply holding a call), so ``chat_core`` ends the episode flagged
+``reply_aborted`` or ``response_limit``.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import secrets
 from argparse import Namespace
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -38,7 +43,13 @@ from slime_helper.errors import MissingEpisodeNormalization, MissingToolParser, 
 from slime_helper.filters import FILTERS
 from slime_helper.renderer import AppendOnlyRenderer, Unappendable
 from slime_helper.rewards import normalizes_per_group
-from slime_helper.tokenizers import AppendOnlyTokenizer, ChatTemplateFailed, WholeChatTokenizer, turn_session
+from slime_helper.tokenizers import (
+    AppendOnlyTokenizer,
+    ChatTemplateFailed,
+    ContextFull,
+    WholeChatTokenizer,
+    turn_session,
+)
 from slime_helper.tool_parser import check_tool_parser
 
 logger = logging.getLogger(__name__)
@@ -85,7 +96,8 @@ class AdapterService:
             dict(getattr(args, "apply_chat_template_kwargs", None) or {}),
         )
         check_tool_parser(template, tool_parser)
-        tokenizer = _tokenizer(template, append_only, Path(args.hf_checkpoint).name)
+        self._max_context_tokens = int(getattr(args, "rollout_max_context_len", None) or 0)
+        tokenizer = _tokenizer(template, append_only, Path(args.hf_checkpoint).name, self._max_context_tokens)
         self.append_only = isinstance(tokenizer, AppendOnlyTokenizer)
         self.adapter = _episode_adapter(api.OpenAIAdapter)(
             tokenizer=tokenizer,
@@ -93,7 +105,6 @@ class AdapterService:
             tool_parser=tool_parser,
             reasoning_parser=getattr(args, "sglang_reasoning_parser", None) or None,
         )
-        self._max_context_tokens = int(getattr(args, "rollout_max_context_len", None) or 0)
         self._model = Path(args.hf_checkpoint).name
         # A client that goes away (a cancelled rollout) cancels its handler, which then aborts the SGLang request.
         self._app = api.run_app_in_thread(
@@ -129,48 +140,18 @@ class AdapterService:
         """The chat endpoint whose requests belong to session ``sid``."""
         return ChatEndpoint(url=self.chat_url, model=self._model, headers={"Authorization": f"Bearer {sid}"})
 
-    def dropped_tool_calls(self, sid: str) -> list[DroppedToolCalls]:
-        """The replies of open session ``sid`` so far that made more than one tool call, of which slime's adapter
-        passed on only the first."""
-        return self.adapter.dropped_tool_calls(sid)
-
     def template_failure(self, sid: str) -> str | None:
         """The chat template's error on the chat of open session ``sid``, which the adapter answered with a 400;
         None while the template has rendered every turn."""
         return self.adapter.template_failure(sid)
 
 
-@dataclass(frozen=True)
-class DroppedToolCalls:
-    """A reply, the session's ``reply``-th, that made the tool calls ``names``: slime's adapter passes on only the
-    first and records only that one in the turn's history (``wire_tool_calls[:1]``), so the episode's env never runs
-    the others, though the model generated them and slime trains on every token it generated."""
-
-    reply: int
-    names: tuple[str, ...]
-
-    @property
-    def dropped(self) -> int:
-        return len(self.names) - 1
-
-    @property
-    def message(self) -> str:
-        return (
-            f"reply {self.reply} made {len(self.names)} tool calls ({', '.join(self.names)}); slime's adapter passed "
-            f"on only the first, so the env never ran the other {self.dropped}, though they are trained on"
-        )
-
-
-@dataclass
-class _SessionReplies:
-    replies: int = 0
-    dropped: list[DroppedToolCalls] = field(default_factory=list)
-    template_failure: str | None = None
-
-
-def _tokenizer(template: ChatTemplate, append_only: bool | None, model: str) -> WholeChatTokenizer:
-    """The tokenizer the adapter renders with: append-only unless ``append_only`` is False or the template can't be
-    rendered append-only, which is refused when ``append_only`` is True and said loudly otherwise."""
+def _tokenizer(
+    template: ChatTemplate, append_only: bool | None, model: str, max_context_tokens: int
+) -> WholeChatTokenizer:
+    """The tokenizer the adapter renders with, refusing a prompt of ``max_context_tokens`` or more: append-only unless
+    ``append_only`` is False or the template can't be rendered append-only, which is refused when ``append_only`` is
+    True and said loudly otherwise."""
     arguments = " (tool-call arguments as JSON text, the form it takes)" if template.string_arguments else ""
     if append_only is False:
         logger.info(
@@ -181,7 +162,7 @@ def _tokenizer(template: ChatTemplate, append_only: bool | None, model: str) -> 
             arguments,
             APPEND_ONLY_SETTING,
         )
-        return WholeChatTokenizer(template)
+        return WholeChatTokenizer(template, max_context_tokens)
     try:
         renderer = AppendOnlyRenderer.of(template)
     except Unappendable as why:
@@ -196,7 +177,7 @@ def _tokenizer(template: ChatTemplate, append_only: bool | None, model: str) -> 
             model,
             why,
         )
-        return WholeChatTokenizer(template)
+        return WholeChatTokenizer(template, max_context_tokens)
     logger.info(
         "[slime_helper] chat rendering: append-only, from the chat template of %s%s: each turn is the tokens the "
         "last turn held, the reply as sampled, then what the turn adds as the template renders it, so an episode is "
@@ -205,7 +186,7 @@ def _tokenizer(template: ChatTemplate, append_only: bool | None, model: str) -> 
         arguments,
         APPEND_ONLY_SETTING,
     )
-    return AppendOnlyTokenizer(renderer)
+    return AppendOnlyTokenizer(renderer, max_context_tokens)
 
 
 @functools.cache
@@ -216,38 +197,35 @@ def _episode_adapter(openai_adapter: type) -> type:
         """slime's ``OpenAIAdapter``, which also binds each request's session while the request is served
         (``tokenizers.turn_session``), hands each turn it records to an ``AppendOnlyTokenizer`` (through the
         adapter's ``debug_callback``, slime's one hook that sees a recorded turn's tokens), gives the turn it
-        records the reply's reasoning as the client gets it back, keeps each open session's
-        ``dropped_tool_calls``, and answers a chat its template can't render with a 400 naming the template's
-        error, kept as the session's ``template_failure``, and tells the client when SGLang aborted the reply."""
+        records the reply's reasoning as the client gets it back and every tool call of the reply, answers a chat
+        its template can't render with a 400 naming the template's error, kept as the session's
+        ``template_failure``, and a prompt that fills the context with OpenAI's 400, and tells the client when
+        SGLang aborted or cut the reply."""
 
         def __init__(self, *, tokenizer: Any, **kwargs: Any):
             self._appended = tokenizer if isinstance(tokenizer, AppendOnlyTokenizer) else None
             recorded = self._appended.record if self._appended is not None else None
             super().__init__(tokenizer=tokenizer, debug_callback=recorded, **kwargs)
-            self._replies: dict[str, _SessionReplies] = {}
-            self.app.middlewares.append(self._answer_template_failures)
+            self._template_failures: dict[str, str | None] = {}
+            self.app.middlewares.append(self._answer_refused_turns)
 
         @web.middleware
-        async def _answer_template_failures(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        async def _answer_refused_turns(self, request: web.Request, handler: Any) -> web.StreamResponse:
             try:
                 return await handler(request)
             except ChatTemplateFailed as failed:
-                if (replies := self._replies.get(failed.session or "")) is not None:
-                    replies.template_failure = failed.message
-                error = {"message": str(failed), "type": "invalid_request_error", "code": "chat_template_failed"}
-                return web.json_response({"error": error}, status=400)
-
-        def dropped_tool_calls(self, sid: str) -> list[DroppedToolCalls]:
-            replies = self._replies.get(sid)
-            return list(replies.dropped) if replies is not None else []
+                if failed.session in self._template_failures:
+                    self._template_failures[failed.session] = failed.message
+                return _refusal(str(failed), "chat_template_failed")
+            except ContextFull as full:
+                return _refusal(str(full), "context_length_exceeded")
 
         def template_failure(self, sid: str) -> str | None:
-            replies = self._replies.get(sid)
-            return replies.template_failure if replies is not None else None
+            return self._template_failures.get(sid)
 
         def open_session(self, sid: str, **kwargs: Any) -> None:
             super().open_session(sid, **kwargs)
-            self._replies[sid] = _SessionReplies()
+            self._template_failures[sid] = None
             if self._appended is not None:
                 self._appended.open(sid)
 
@@ -264,7 +242,7 @@ def _episode_adapter(openai_adapter: type) -> type:
                 self._forget(sid)
 
         def _forget(self, sid: str) -> None:
-            self._replies.pop(sid, None)
+            self._template_failures.pop(sid, None)
             if self._appended is not None:
                 self._appended.forget(sid)
 
@@ -280,15 +258,38 @@ def _episode_adapter(openai_adapter: type) -> type:
             # the turn.
             if parsed.reasoning:
                 reply.manager_message["reasoning_content"] = parsed.reasoning
+            # slime's adapter passes on and records only a reply's first tool call (some clients drop the others
+            # when they send the reply back); chat_core sends back every one, so the recorded turn holds them all.
+            if len(parsed.tool_uses) > 1:
+                reply.wire[0]["tool_calls"], reply.manager_message["tool_calls"] = _every_call(parsed.tool_uses)
             # slime's adapter answers a generation SGLang aborted (its engines paused for a weight update, or any
-            # abort) with finish reason stop, so the episode would play on from the cut reply as if it were whole.
-            if raw_finish == "abort":
-                reply.wire = (reply.wire[0], "abort")
-            if (replies := self._replies.get(turn_session.get())) is not None:
-                replies.replies += 1
-                if len(parsed.tool_uses) > 1:
-                    names = tuple(str(call.get("name", "tool")) for call in parsed.tool_uses)
-                    replies.dropped.append(DroppedToolCalls(replies.replies, names))
+            # abort) with finish reason stop, and one cut at its token limit holding a call with tool_calls, so the
+            # episode would play on from the cut reply as if it were whole.
+            if raw_finish in ("abort", "length"):
+                reply.wire = (reply.wire[0], raw_finish)
             return reply
 
     return EpisodeAdapter
+
+
+def _every_call(tool_uses: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The tool calls slime's parser read in a reply, as OpenAI's wire gives them to the client (each with an id
+    and its arguments as JSON text) and as slime's adapter records them (arguments as an object, no id), in the
+    shapes slime's adapter gives its first one, so the reply the client sends back matches the recorded turn."""
+    wire, recorded = [], []
+    for use in tool_uses:
+        name = use.get("name", "tool")
+        arguments = use.get("input") or {}
+        if not isinstance(arguments, dict):
+            arguments = {"_raw_arguments": str(arguments)}
+        text = json.dumps(arguments, ensure_ascii=False, sort_keys=True)
+        call = {"name": name, "arguments": text}
+        wire.append({"id": f"call_{secrets.token_hex(12)}", "type": "function", "function": call})
+        recorded.append({"type": "function", "function": {"name": name, "arguments": arguments}})
+    return wire, recorded
+
+
+def _refusal(message: str, code: str) -> web.Response:
+    """An OpenAI 400 answering a turn the adapter can't send to the model."""
+    error = {"message": message, "type": "invalid_request_error", "code": code}
+    return web.json_response({"error": error}, status=400)

@@ -4,7 +4,9 @@
 
 Episode bounds are chat_core's defaults unless slime's ``--custom-config-path`` YAML sets ``episode_max_turns``,
 ``episode_max_tool_calls_per_turn``, ``episode_model_deadline_s``, ``episode_env_call_deadline_s``,
-``episode_max_chat_answer_bytes`` or ``episode_max_env_message_bytes`` (slime puts its keys on ``args``);
+``episode_max_chat_answer_bytes``, ``episode_max_env_message_bytes``, ``episode_max_tool_answer_chars``,
+``episode_play_on_cut_reply`` or ``episode_score_cut_short`` (slime puts its keys on ``args``; see
+``chat_core.Limits``), and the context is ``--rollout-max-context-len``, which the adapter bounds each prompt by;
 ``episode_env_servers``, a list of URLs, names the pool of env servers that plays the rows (``chat_core.env.pool``);
 ``episode_append_only_chat`` overrides the rendering the helper picks from the chat template (``false``: each
 turn's whole chat; ``true``: append-only, which makes an episode one sample, or a refusal to start;
@@ -16,7 +18,6 @@ reward model. An eval drops the session and returns one sample per episode, and 
 SGLang aborted (status ABORTED, which slime's fully-async worker plays again). Under
 ``slime_helper.generate_rollout_fully_async`` an episode is one sample, not a list. The episode's spans go on the
 sample's trace as they happen, and its outcome (``chat_core.EpisodeOutcome``) into every sample's metadata, with a
-``tool_calls_dropped`` flag for each reply whose tool calls beyond the first slime's adapter didn't pass on, and a
 ``chat_template_failed`` flag with the template's message where the chat template couldn't render the chat.
 """
 
@@ -26,13 +27,12 @@ import logging
 import uuid
 from argparse import Namespace
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from chat_core import OUTCOME_KEY, EpisodeOutcome, EpisodeResult, Flag, FlagKind, Limits, play
 
 from slime_helper._slime import slime
-from slime_helper.adapter import AdapterService, DroppedToolCalls
+from slime_helper.adapter import AdapterService
 from slime_helper.fully_async import note_worker_loop, takes_one_sample_per_episode
 from slime_helper.observability import SampleTrace
 
@@ -44,6 +44,9 @@ _LIMIT_SETTINGS = {
     "episode_env_call_deadline_s": "env_call_deadline_s",
     "episode_max_chat_answer_bytes": "max_chat_answer_bytes",
     "episode_max_env_message_bytes": "max_env_message_bytes",
+    "episode_max_tool_answer_chars": "max_tool_answer_chars",
+    "episode_play_on_cut_reply": "play_on_cut_reply",
+    "episode_score_cut_short": "score_cut_short",
 }
 ENV_SERVERS_SETTING = "episode_env_servers"
 """The ``--custom-config-path`` setting naming the pool of env servers that plays the rows."""
@@ -99,7 +102,6 @@ async def generate(
         )
         if (failure := service.template_failure(sid)) is not None:
             result.flags = [_template_flag(flag, failure) for flag in result.flags]
-        dropped = service.dropped_tool_calls(sid)
         aborted = any(flag.kind == FlagKind.REPLY_ABORTED for flag in result.flags)
         played = []
         if not evaluation and not aborted:
@@ -107,7 +109,7 @@ async def generate(
                 sid,
                 base_sample=sample,
                 reward=_reward_of(result),
-                extra_metadata=_metadata(sample, _outcome(result, dropped)),
+                extra_metadata=_metadata(sample, EpisodeOutcome.of(result)),
             )
             if one_per_episode and len(played) > 1:
                 result.flags.append(Flag(FlagKind.EPISODE_SPLIT, _split_message(len(played))))
@@ -118,7 +120,7 @@ async def generate(
         if not played:
             status = api.Sample.Status
             placeholder = status.COMPLETED if evaluation else status.ABORTED if aborted else status.FAILED
-            played = [_untrained(sample, result, _outcome(result, dropped), placeholder)]
+            played = [_untrained(sample, result, EpisodeOutcome.of(result), placeholder)]
         if not result.scored:
             logger.warning(
                 "%s episode %s is unscored: %s",
@@ -148,16 +150,6 @@ def _reward_of(result: EpisodeResult) -> float:
     return result.reward if result.scored else 0.0
 
 
-def _outcome(result: EpisodeResult, dropped: list[DroppedToolCalls]) -> EpisodeOutcome:
-    """The episode's outcome, with a ``tool_calls_dropped`` flag for each reply in ``dropped`` and their count."""
-    outcome = EpisodeOutcome.of(result)
-    return replace(
-        outcome,
-        flags=outcome.flags + tuple(Flag(FlagKind.TOOL_CALLS_DROPPED, reply.message) for reply in dropped),
-        dropped_tool_calls=sum(reply.dropped for reply in dropped),
-    )
-
-
 def _template_flag(flag: Flag, failure: str) -> Flag:
     """``flag``, or, for the chat endpoint's refusal of a chat the template couldn't render, the template's
     ``failure``."""
@@ -171,8 +163,8 @@ def _metadata(sample: Any, outcome: EpisodeOutcome) -> dict[str, Any]:
 def _split_message(samples: int) -> str:
     return (
         f"slime's adapter recorded the episode as {samples} samples (a turn's prompt didn't extend the tokens it held: "
-        "the tools changed between env turns, or the context overflowed), and slime's fully-async rollout takes one "
-        "sample per episode; it is left out of training with its group"
+        "the tools changed between env turns), and slime's fully-async rollout takes one sample per episode; it is "
+        "left out of training with its group"
     )
 
 

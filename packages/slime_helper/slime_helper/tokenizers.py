@@ -9,6 +9,9 @@ Where a reply stops is taken from the tokens themselves: a reply that stopped on
 writes next (Qwen's ``<|im_end|>``, GLM's ``<|observation|>``) doesn't get it written twice, and a reply cut at the
 token limit gets the template's whole end of turn.
 
+Either refuses a prompt that fills the launch's context (``ContextFull``), as slime's adapter would otherwise answer
+it with an empty reply cut at ``length`` and record that turn, its prompt tokens ending the sample.
+
 slime's adapter asks for a turn's prompt with the chat alone. The session it belongs to comes from
 ``turn_session``, which ``slime_helper.adapter``'s adapter sets for each request before rendering it, and the turn
 it records comes back through ``record``; sessions the adapter didn't open (a client naming none lands in slime's
@@ -44,11 +47,13 @@ class HeldTurn:
 
 class WholeChatTokenizer:
     """The adapter's tokenizer when each turn's whole chat is rendered with the template: ``template``'s
-    ``apply_chat_template``. A template's error raises ``ChatTemplateFailed`` for the session being served.
+    ``apply_chat_template``. A template's error raises ``ChatTemplateFailed`` for the session being served, and a
+    prompt of ``max_context_tokens`` or more (slime's ``--rollout-max-context-len``; 0: no bound) ``ContextFull``.
     Everything else is the wrapped tokenizer's."""
 
-    def __init__(self, template: ChatTemplate):
+    def __init__(self, template: ChatTemplate, max_context_tokens: int = 0):
         self._template = template
+        self._max_context_tokens = max_context_tokens
 
     def apply_chat_template(
         self,
@@ -62,7 +67,13 @@ class WholeChatTokenizer:
             text = self._template.text(conversation, tools, generation_prompt=add_generation_prompt)
         except TemplateFailed as failed:
             raise ChatTemplateFailed(turn_session.get(), str(failed)) from failed
-        return self._template.ids(text) if tokenize else text
+        return self._fitting(self._template.ids(text)) if tokenize else text
+
+    def _fitting(self, prompt: list[int]) -> list[int]:
+        """``prompt``, unless it fills the context: raises ContextFull then."""
+        if self._max_context_tokens and len(prompt) >= self._max_context_tokens:
+            raise ContextFull(turn_session.get(), len(prompt), self._max_context_tokens)
+        return prompt
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._template.tokenizer, name)
@@ -78,12 +89,25 @@ class ChatTemplateFailed(Exception):
         self.message = message
 
 
+class ContextFull(Exception):
+    """The prompt of ``session``'s turn is ``tokens`` tokens, which fills the context of ``limit`` tokens the launch
+    allows, so the turn can't be sent to the model."""
+
+    def __init__(self, session: str | None, tokens: int, limit: int):
+        super().__init__(
+            f"this turn's prompt is {tokens} tokens, and the model's maximum context length is {limit} tokens "
+            "(slime's --rollout-max-context-len), which leaves no room for a reply"
+        )
+        self.session = session
+
+
 class AppendOnlyTokenizer(WholeChatTokenizer):
     """The adapter's tokenizer rendering each turn of an open session append-only with ``renderer``; a turn of
-    any other session, and the first of each, is rendered whole."""
+    any other session, and the first of each, is rendered whole. ``max_context_tokens`` bounds the prompt as
+    ``WholeChatTokenizer``'s does."""
 
-    def __init__(self, renderer: AppendOnlyRenderer):
-        super().__init__(renderer.template)
+    def __init__(self, renderer: AppendOnlyRenderer, max_context_tokens: int = 0):
+        super().__init__(renderer.template, max_context_tokens)
         self._renderer = renderer
         self._special_tokens = {ids: text for text, ids in renderer.template.tokenizer.get_added_vocab().items()}
         self._held: dict[str, HeldTurn | None] = {}
@@ -142,7 +166,7 @@ class AppendOnlyTokenizer(WholeChatTokenizer):
                 failed,
             )
             return super().apply_chat_template(conversation, tools, tokenize, add_generation_prompt)
-        return self._joined(held.tokens, added_text)
+        return self._fitting(self._joined(held.tokens, added_text))
 
     def _joined(self, held: Sequence[int], added_text: str) -> list[int]:
         """``held`` (a turn's prompt and reply tokens) followed by the tokens of ``added_text``, less the special

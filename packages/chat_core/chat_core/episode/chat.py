@@ -1,6 +1,7 @@
 """The chat side of an episode: where the model answers (``ChatEndpoint``), a chat request sent as chat_core's retry
-policy says (``post``, which the episode loop and ``evaluate``'s pre-flight share), and a chat completion read as the
-reply the loop plays (``reply_of``)."""
+policy says (``post``, which the episode loop and ``evaluate``'s pre-flight share), a chat completion read as the
+reply the loop plays (``reply_of``), and a refusal of a prompt too long for the model's context told from other
+errors (``context_refusal``)."""
 
 from __future__ import annotations
 
@@ -73,13 +74,22 @@ async def post(
 
 @dataclass(frozen=True)
 class Reply:
-    """The model's answer, as the transcript keeps it, with its text and tool calls read out, and whether it was cut
-    at the model's token limit."""
+    """The model's answer, as the transcript keeps it, with its text and tool calls read out, whether it was cut
+    at the model's token limit, and the tokens of the context once it was written (``context_tokens``: its usage's
+    prompt and completion tokens; None when the answer reports no usage)."""
 
     message: dict[str, Any]
     text: str
     tool_calls: list[dict[str, Any]]
     truncated: bool
+    context_tokens: int | None = None
+
+
+CONTEXT_REFUSALS = ("maximum context length", "longer than the model's context length")
+"""What the error message of a chat endpoint refusing a prompt too long for the model's context says: OpenAI's and
+vLLM's "This model's maximum context length is …", SGLang's "The input (… tokens) is longer than the model's context
+length (… tokens)." and "Requested token count exceeds the model's maximum context length …". OpenAI's error also
+has the code ``context_length_exceeded``, which slime_helper's adapter answers with too."""
 
 
 class UnreadableReply(Exception):
@@ -128,7 +138,41 @@ def reply_of(raw: bytes, seen: int) -> Reply:
         kept["tool_calls"] = calls
     else:
         kept.pop("tool_calls", None)
-    return Reply(message=kept, text=text, tool_calls=calls, truncated=choice.get("finish_reason") == "length")
+    return Reply(
+        message=kept,
+        text=text,
+        tool_calls=calls,
+        truncated=choice.get("finish_reason") == "length",
+        context_tokens=_context_tokens(completion.get("usage")),
+    )
+
+
+def context_refusal(status: int, raw: bytes) -> str | None:
+    """The error message of a chat endpoint's answer refusing the prompt as too long for the model's context (HTTP
+    400, with OpenAI's code ``context_length_exceeded`` or a message of ``CONTEXT_REFUSALS``), None for any other
+    answer."""
+    if status != 400:
+        return None
+    try:
+        answer = parse_json(raw)
+    except ValueError:
+        return None
+    error = answer.get("error", answer) if isinstance(answer, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    if not isinstance(message, str):
+        return None
+    if error.get("code") == "context_length_exceeded" or any(said in message.lower() for said in CONTEXT_REFUSALS):
+        return message
+    return None
+
+
+def _context_tokens(usage: Any) -> int | None:
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return None
+    return prompt + completion
 
 
 def _text_of(content: Any) -> str:

@@ -4,8 +4,15 @@ that serves it.
 Per turn: list the env's tools (a turn's tools are fixed when it opens) → ask the model → run each tool call on
 the env and answer it as a ``tool`` message → repeat until the model replies without a tool call (or calls
 ``end_turn``) → hand the reply to ``end_turn``. The env then opens the next turn, whose prompt becomes a new user
-message, or ends the episode with its reward. The chat side (the transcript, asking the model) is
-``chat_core.episode.conversation``'s; this module plays the turns on the env.
+message, or ends the episode with its reward. A tool answer longer than ``Limits.max_tool_answer_chars`` is cut. The
+chat side (the transcript, asking the model) is ``chat_core.episode.conversation``'s; this module plays the turns on
+the env.
+
+An episode whose next prompt doesn't fit the model's context, or (unless ``Limits.play_on_cut_reply``) whose reply
+was cut at the model's token limit, is cut short there: no further model call, tool call or env turn. As
+``Limits.score_cut_short`` says, it ends unscored without the env's verifiers, or its turn is handed to the env with
+the latest reply's text and the env's score taken, when the env ends the episode there rather than open another
+turn.
 
 Whatever goes wrong ends in an ``EpisodeResult`` carrying a flag with a kind and a message, never in a reward of 0
 and never in an exception, except the caller's cancellation. The env session is closed however ``play`` ends, so an
@@ -24,7 +31,7 @@ from chat_core.env.pool import EnvPool, PooledSession, named_pool
 from chat_core.env.protocol import Observation
 from chat_core.env.session import CapacityWait, EpisodeSession
 from chat_core.episode.chat import ChatEndpoint, Reply, arguments_of
-from chat_core.episode.conversation import Conversation, check_sampling
+from chat_core.episode.conversation import ContextFull, Conversation, check_sampling
 from chat_core.episode.tracing import NO_TRACE, EpisodeTrace
 from chat_core.episode_ref import EpisodeRef
 from chat_core.errors import CapacityExhausted, EnvCallTimeout, OpenEnvError, ServerMismatch, ServerUnreachable
@@ -33,6 +40,8 @@ from chat_core.record.results import EpisodeResult, FlagKind, TurnCounts
 
 logger = logging.getLogger(__name__)
 END_TURN = "end_turn"
+TOOL_ANSWER_CUT = "\n[the tool's answer is cut here: {characters:,} more characters, past the {cap:,} shown]"
+"""What follows a tool answer cut to ``Limits.max_tool_answer_chars``, for the model to see."""
 
 Session = EpisodeSession | PooledSession
 
@@ -195,26 +204,70 @@ class _Episode:
             self._finish(listed)
             return None
         tools = Conversation.tools_of(listed.tools)
-        while (reply := await self._conversation.ask(tools)) is not None:
+        latest_text = ""
+        while True:
+            try:
+                reply = await self._conversation.ask(tools)
+            except ContextFull as full:
+                why = f"the next prompt doesn't fit the model's context ({full})"
+                return await self._cut_short(session, FlagKind.CONTEXT_EXHAUSTED, why, latest_text)
+            if reply is None:
+                return None
             self._took(reply)
+            if reply.truncated and not self._limits.play_on_cut_reply:
+                why = (
+                    f"reply {self.result.turns[-1].model_calls} was cut at the model's token limit (finish_reason "
+                    "'length'), and play_on_cut_reply is false"
+                )
+                return await self._cut_short(session, FlagKind.RESPONSE_LIMIT, why, reply.text)
+            latest_text = reply.text
             handed_back = await self._run_calls(session, reply) if reply.tool_calls else reply.text
             if handed_back is _STOPPED:
                 return None
             if handed_back is not None:
                 return await self._end_turn(session, handed_back)
-        return None
 
     def _took(self, reply: Reply) -> None:
-        """Count the model's ``reply``, add it to the transcript, and flag it when it was cut at the token limit."""
+        """Count the model's ``reply``, add it to the transcript, and flag it when it was cut at the token limit and
+        is played on."""
         counts = self.result.turns[-1]
         counts.model_calls += 1
         self._conversation.say(reply.message)
-        if reply.truncated:
+        if reply.truncated and self._limits.play_on_cut_reply:
             self.result.flag(
                 FlagKind.REPLY_TRUNCATED,
                 f"turn {len(self.result.turns)}: reply {counts.model_calls} was cut at the model's token limit "
-                "(finish_reason 'length'); it was played as it came",
+                "(finish_reason 'length'); it was played as it came, as play_on_cut_reply asks",
             )
+
+    async def _cut_short(self, session: Session, kind: FlagKind, why: str, response: str) -> Observation | None:
+        """End the episode in the turn it is in, because of ``why``, flagged ``kind``: unscored, or, with
+        ``score_cut_short``, handing the turn to the env with ``response`` (the latest reply's text) and returning
+        what ``end_turn`` answered when it ended the episode."""
+        turn = len(self.result.turns)
+        if not self._limits.score_cut_short:
+            self.result.flag(
+                kind,
+                f"turn {turn}: {why}; the episode ended there unscored, its verifiers not run (score_cut_short is "
+                "false)",
+            )
+            return None
+        ended = await self._end_turn(session, response)
+        if not ended.done:
+            self.result.flag(
+                kind,
+                f"turn {turn}: {why}; the turn was handed to the env with the latest reply's text, as "
+                f"score_cut_short asks, but the env opened turn {turn + 1} rather than score the episode, so it "
+                "ended unscored",
+            )
+            return None
+        self.result.flag(
+            kind,
+            f"turn {turn}: {why}; the turn was handed to the env with the latest reply's text and the episode scored "
+            "as it stands, as score_cut_short asks",
+            fatal=False,
+        )
+        return ended
 
     async def _run_calls(self, session: Session, reply: Reply) -> str | _Stopped | None:
         """Run ``reply``'s tool calls in order and answer each. Returns the response the turn is handed back with
@@ -229,7 +282,7 @@ class _Episode:
                 arguments = _end_turn_arguments(arguments, reply.text)
                 if isinstance(arguments, dict):
                     self._conversation.answer(call, "Your turn has ended.")
-                    self._conversation.skip(reply.tool_calls[position + 1 :], "the turn had already ended")
+                    self._skip(reply.tool_calls[position + 1 :], "the turn had already ended")
                     return arguments["response"]
             if counts.tool_calls >= self._limits.max_tool_calls_per_turn:
                 self.result.flag(
@@ -237,11 +290,16 @@ class _Episode:
                     f"turn {len(self.result.turns)}: the model called more than max_tool_calls_per_turn="
                     f"{self._limits.max_tool_calls_per_turn} tools; the turn was ended with its latest text",
                 )
-                self._conversation.skip(reply.tool_calls[position:], "the turn's tool-call limit was reached")
+                self._skip(reply.tool_calls[position:], "the turn's tool-call limit was reached")
                 return reply.text
             if not await self._run_call(session, call, name, arguments):
                 return _STOPPED
         return None
+
+    def _skip(self, calls: Sequence[dict[str, Any]], why: str) -> None:
+        """Answer ``calls`` as not run, because of ``why``, and count them dropped."""
+        self.result.turns[-1].dropped_tool_calls += len(calls)
+        self._conversation.skip(calls, why)
 
     async def _run_call(
         self, session: Session, call: dict[str, Any], name: str, arguments: dict[str, Any] | str
@@ -266,8 +324,19 @@ class _Episode:
             text, failed = _tool_answer(answered)
             end["error"] = failed
         counts.tool_errors += failed
-        self._conversation.answer(call, text)
+        self._conversation.answer(call, self._capped(text))
         return True
+
+    def _capped(self, text: str) -> str:
+        """A tool answer's ``text`` as the model is shown it: cut to ``Limits.max_tool_answer_chars`` when longer,
+        with a line saying how much more the tool answered, and counted."""
+        cap = self._limits.max_tool_answer_chars
+        if len(text) <= cap:
+            return text
+        cut = text[cap:]
+        self.result.tool_answers_cut += 1
+        self.result.tool_answer_bytes_cut += len(cut.encode("utf-8", "surrogatepass"))
+        return text[:cap] + TOOL_ANSWER_CUT.format(characters=len(cut), cap=cap)
 
     async def _end_turn(self, session: Session, response: str) -> Observation:
         with self._trace.span(END_TURN, {"turn": len(self.result.turns)}) as end:

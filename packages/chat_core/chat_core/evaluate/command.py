@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
                 max_turns=args.max_turns,
                 max_tool_calls_per_turn=args.max_tool_calls_per_turn,
                 model_deadline_s=args.model_deadline,
+                max_tool_answer_chars=args.max_tool_answer_chars,
+                play_on_cut_reply=args.play_on_cut_reply,
+                score_cut_short=args.score_cut_short,
             ),
             args.concurrency,
         )
@@ -118,6 +121,22 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-turns", type=positive_int, default=defaults.max_turns)
     parser.add_argument("--max-tool-calls-per-turn", type=positive_int, default=defaults.max_tool_calls_per_turn)
     parser.add_argument("--model-deadline", type=float, default=defaults.model_deadline_s, help="seconds per episode")
+    parser.add_argument(
+        "--max-tool-answer-chars",
+        type=positive_int,
+        default=defaults.max_tool_answer_chars,
+        help=f"a longer tool answer is cut there, with a line saying so (default {defaults.max_tool_answer_chars:,})",
+    )
+    parser.add_argument(
+        "--play-on-cut-reply",
+        action="store_true",
+        help="play a reply cut at max_tokens as it came, instead of ending its episode there",
+    )
+    parser.add_argument(
+        "--score-cut-short",
+        action="store_true",
+        help="score an episode ended by a full context or a cut reply as it stands, instead of leaving it unscored",
+    )
     parser.add_argument("--resume", action="store_true", help="play only the episodes DIR/episodes.jsonl lacks")
     parser.add_argument("--compare", type=Path, help="an earlier run's folder, whose rewards to print the change from")
     return parser

@@ -85,6 +85,9 @@ def table(summary: Mapping[str, Any]) -> str:
             f"  turns p50 {metrics['turns_p50']:g} p90 {metrics['turns_p90']:g}; tool calls p50 "
             f"{metrics['tool_calls_p50']:g} p90 {metrics['tool_calls_p90']:g}; env {metrics['env_s_mean']:.2f} s, "
             f"model {metrics['model_s_mean']:.2f} s per episode",
+            f"  cut short: full context {metrics['cut_short_share/context_exhausted']:.1%}, cut reply "
+            f"{metrics['cut_short_share/response_limit']:.1%}; tool answers cut {metrics['tool_answers_cut_mean']:g} "
+            "per episode",
         ]
         lines += [
             f"  {task}: {_reward(numbers)} ({numbers['episodes']:.0f})" for task, numbers in metrics["tasks"].items()

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from chat_core.record.outcome import EpisodeOutcome
+from chat_core.record.results import CUT_SHORT
 
 ROLLOUT_STEP = "rollout/step"
 EVAL_STEP = "eval/step"
@@ -27,7 +28,11 @@ def episode_metrics(outcomes: Sequence[EpisodeOutcome], samples: Sequence[int]) 
       share of scored episodes earning 0), ``scored_share``;
     - ``unscored_share/<kind>``: the share of episodes left unscored for each reason;
     - ``truncated_share``: the share of episodes with a reply cut by the token limit;
-    - ``turns``, ``tool_calls``, ``tool_errors``, ``dropped_tool_calls``: ``…_mean`` and ``…_p90`` per episode;
+    - ``cut_short_share/<kind>``: the share of episodes cut short by a full context (``context_exhausted``) or a
+      cut reply (``response_limit``), scored or not;
+    - ``turns``, ``tool_calls``, ``tool_errors``, ``dropped_tool_calls``, ``tool_answers_cut``: ``…_mean`` and
+      ``…_p90`` per episode;
+    - ``tool_answer_bytes_cut_mean``: what was cut of the tool answers, in bytes per episode;
     - ``env_s_mean``, ``model_s_mean``, ``capacity_wait_s_mean``, ``wall_s_mean``: seconds per episode.
 
     Raises ValueError when there are no episodes or the sample counts don't match them."""
@@ -46,11 +51,14 @@ def episode_metrics(outcomes: Sequence[EpisodeOutcome], samples: Sequence[int]) 
         metrics["zero_reward_share"] = sum(reward == 0 for reward in rewards) / len(rewards)
     for reason, count in Counter(outcome.reason for outcome in outcomes if not outcome.scored).items():
         metrics[f"unscored_share/{reason}"] = count / episodes
-    for name in ("turns", "tool_calls", "tool_errors", "dropped_tool_calls"):
+    for kind in sorted(CUT_SHORT):
+        cut_short = sum(any(flag.kind == kind for flag in outcome.flags) for outcome in outcomes)
+        metrics[f"cut_short_share/{kind}"] = cut_short / episodes
+    for name in ("turns", "tool_calls", "tool_errors", "dropped_tool_calls", "tool_answers_cut"):
         values = [getattr(outcome, name) for outcome in outcomes]
         metrics[f"{name}_mean"] = statistics.fmean(values)
         metrics[f"{name}_p90"] = _p90(values)
-    for name in ("env_s", "model_s", "capacity_wait_s", "wall_s"):
+    for name in ("tool_answer_bytes_cut", "env_s", "model_s", "capacity_wait_s", "wall_s"):
         metrics[f"{name}_mean"] = statistics.fmean(getattr(outcome, name) for outcome in outcomes)
     return metrics
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from chat_core.record.results import EpisodeResult, Flag, FlagKind
 
+_CUT_REPLY = frozenset({FlagKind.REPLY_TRUNCATED, FlagKind.RESPONSE_LIMIT})
+
 OUTCOME_KEY = "episode_outcome"
 """The key of a sample's metadata that holds its episode's outcome."""
 
@@ -24,12 +26,14 @@ class EpisodeOutcome:
     ``reward`` is None unless the episode can be trained on (``scored``); ``reason`` is then the kind of its first
     fatal flag. ``turns``, ``model_calls``, ``tool_calls`` and ``tool_errors`` count the whole episode; ``env_s``,
     ``model_s``, ``capacity_wait_s`` and ``wall_s`` are its seconds in env calls, waiting for the model, waiting for
-    a free env session, and in all. ``truncated``: a reply was cut by the token limit. ``env_server``: the env
-    server that played it (a pool's replica, or the row's own server), None when none did. ``model_retries``: chat
-    requests sent again after a transient failure (0 in a record written before it was counted).
-    ``dropped_tool_calls``: tool calls the model made that the trainer's chat endpoint didn't pass on (flagged
-    ``tool_calls_dropped``; a helper counts them, ``of`` can't, and a record written before they were counted
-    reads 0)."""
+    a free env session, and in all. ``truncated``: a reply was cut by the token limit (flagged ``reply_truncated``
+    or ``response_limit``). ``env_server``: the env server that played it (a pool's replica, or the row's own
+    server), None when none did. ``model_retries``: chat requests sent again after a transient failure.
+    ``dropped_tool_calls``: tool calls the model made that were answered "not run" (past
+    ``Limits.max_tool_calls_per_turn``, or after an ``end_turn`` in the same reply; in records written before every
+    call reached the env, those slime's adapter didn't pass on). ``tool_answers_cut``: tool answers cut to
+    ``Limits.max_tool_answer_chars``; ``tool_answer_bytes_cut``: what was cut of them, in UTF-8 bytes. A field added
+    after a record was written reads 0 there."""
 
     reward: float | None
     scored: bool
@@ -47,6 +51,8 @@ class EpisodeOutcome:
     env_server: str | None
     model_retries: int = 0
     dropped_tool_calls: int = 0
+    tool_answers_cut: int = 0
+    tool_answer_bytes_cut: int = 0
 
     @classmethod
     def of(cls, result: EpisodeResult) -> EpisodeOutcome:
@@ -65,9 +71,12 @@ class EpisodeOutcome:
             model_s=result.timings.model_s,
             capacity_wait_s=result.timings.capacity_wait_s,
             wall_s=result.timings.wall_s,
-            truncated=any(flag.kind == FlagKind.REPLY_TRUNCATED for flag in result.flags),
+            truncated=any(flag.kind in _CUT_REPLY for flag in result.flags),
             env_server=result.env_server,
             model_retries=result.model_retries,
+            dropped_tool_calls=sum(turn.dropped_tool_calls for turn in result.turns),
+            tool_answers_cut=result.tool_answers_cut,
+            tool_answer_bytes_cut=result.tool_answer_bytes_cut,
         )
 
     @classmethod
@@ -91,7 +100,7 @@ class EpisodeOutcome:
         if value is None:
             return None
         try:
-            flags = tuple(Flag(FlagKind(flag["kind"]), flag["message"]) for flag in value["flags"])
+            flags = tuple(Flag(FlagKind(flag["kind"]), flag["message"], flag.get("fatal")) for flag in value["flags"])
             return cls(**{**value, "flags": flags})
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"metadata[{OUTCOME_KEY!r}] isn't an episode outcome ({e}): {value!r}") from None

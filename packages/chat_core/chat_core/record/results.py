@@ -16,11 +16,11 @@ class FlagKind(StrEnum):
 
     - ``bad_tool_arguments``: a tool call's arguments weren't a JSON object; the model got a tool error instead.
     - ``tool_call_limit``: the model called more tools in a turn than allowed; the turn ended with its latest text.
-    - ``reply_truncated``: a reply stopped at the model's token limit (finish reason ``length``); it was played as
-      it came, so the reward may be for a cut answer or a cut tool call.
-    - ``tool_calls_dropped``: a reply made several tool calls and the trainer's chat endpoint passed on only some
-      of them, so the env never ran the others, though the model is trained on them (a helper's flag: ``play``
-      sees only the calls passed on).
+    - ``reply_truncated``: a reply stopped at the model's token limit (finish reason ``length``) and, as
+      ``Limits.play_on_cut_reply`` asks, was played as it came, so the reward may be for a cut answer or a cut tool
+      call.
+    - ``tool_calls_dropped``: slime's adapter passed on only the first of a reply's tool calls, so the env never ran
+      the others (slime_helper's flag until it passed every call on; read back from the records of that time only).
 
     Fatal (in ``FATAL``), leaving the episode unscored:
 
@@ -47,7 +47,15 @@ class FlagKind(StrEnum):
       rollout takes one sample per episode (a helper's flag: slime's fully-async rollout).
     - ``chat_template_failed``: the model's chat template raised on the episode's chat, so the turn never reached
       the model; the message is the template's (a helper's flag, in place of the ``session_failed`` its chat
-      endpoint's refusal raised)."""
+      endpoint's refusal raised).
+
+    Cutting an episode short (``CUT_SHORT``), fatal unless ``Limits.score_cut_short`` has the env score the episode
+    as it stands (each flag says which, ``Flag.fatal``):
+
+    - ``context_exhausted``: the episode's next prompt didn't fit the model's context (the chat endpoint refused
+      it as too long, or ``Limits.max_context_tokens`` was reached); it ended there, with no further model call.
+    - ``response_limit``: a reply stopped at the model's token limit (finish reason ``length``); the episode ended
+      there, its tool calls not run."""
 
     BAD_TOOL_ARGUMENTS = "bad_tool_arguments"
     TOOL_CALL_LIMIT = "tool_call_limit"
@@ -67,8 +75,13 @@ class FlagKind(StrEnum):
     ROLLOUT_ABORTED = "rollout_aborted"
     EPISODE_SPLIT = "episode_split"
     CHAT_TEMPLATE_FAILED = "chat_template_failed"
+    CONTEXT_EXHAUSTED = "context_exhausted"
+    RESPONSE_LIMIT = "response_limit"
 
 
+CUT_SHORT = frozenset({FlagKind.CONTEXT_EXHAUSTED, FlagKind.RESPONSE_LIMIT})
+"""The kinds that end an episode before the env ended it: in ``FATAL``, and noted instead where the launch has the
+env score such an episode as it stands."""
 FATAL = frozenset(FlagKind) - {
     FlagKind.BAD_TOOL_ARGUMENTS,
     FlagKind.TOOL_CALL_LIMIT,
@@ -79,14 +92,16 @@ FATAL = frozenset(FlagKind) - {
 
 @dataclass(frozen=True)
 class Flag:
-    """Something that went wrong in an episode, with what a person needs to find it."""
+    """Something that went wrong in an episode, with what a person needs to find it, and whether it leaves the
+    episode unscored (``fatal``): when not given, whether its kind is in ``FATAL``."""
 
     kind: FlagKind
     message: str
+    fatal: bool | None = None
 
-    @property
-    def fatal(self) -> bool:
-        return self.kind in FATAL
+    def __post_init__(self) -> None:
+        if self.fatal is None:
+            object.__setattr__(self, "fatal", self.kind in FATAL)
 
     def as_dict(self) -> dict[str, Any]:
         """The flag as plain JSON data, the shape trainers keep in a sample's metadata."""
@@ -95,12 +110,15 @@ class Flag:
 
 @dataclass
 class TurnCounts:
-    """One env turn: the model's replies, the tool calls answered (``end_turn`` aside) and how many of them were
-    errors (the env's, or arguments refused before reaching it)."""
+    """One env turn: the model's replies, the tool calls answered (``end_turn`` aside), how many of them were errors
+    (the env's, or arguments refused before reaching it), and the calls the model made that were answered "not run"
+    (``dropped_tool_calls``: those past ``Limits.max_tool_calls_per_turn``, and those after an ``end_turn`` in the
+    same reply)."""
 
     model_calls: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
+    dropped_tool_calls: int = 0
 
 
 @dataclass
@@ -123,7 +141,8 @@ class EpisodeResult:
     chat as the model saw it (tool messages included), each turn's counts, the episode's timings, and how many chat
     requests were sent again after a transient failure (``model_retries``, see ``chat_core.retry``).
     ``env_server`` is the URL of the server that played it (the row's own, or the pool's server it was routed to),
-    None when no server started it."""
+    None when no server started it. ``tool_answers_cut`` counts the tool answers cut to
+    ``Limits.max_tool_answer_chars``, and ``tool_answer_bytes_cut`` what was cut of them, in UTF-8 bytes."""
 
     episode: EpisodeRef
     env_server: str | None = None
@@ -133,15 +152,18 @@ class EpisodeResult:
     turns: list[TurnCounts] = field(default_factory=list)
     timings: Timings = field(default_factory=Timings)
     model_retries: int = 0
+    tool_answers_cut: int = 0
+    tool_answer_bytes_cut: int = 0
 
     @property
     def scored(self) -> bool:
         """Whether the reward can be trained on: the env gave one and no fatal flag was raised."""
         return self.reward is not None and not any(flag.fatal for flag in self.flags)
 
-    def flag(self, kind: FlagKind, message: str) -> None:
-        """Note that ``kind`` went wrong, as ``message`` says; a fatal kind leaves the episode without a reward."""
-        flag = Flag(kind, message)
+    def flag(self, kind: FlagKind, message: str, *, fatal: bool | None = None) -> None:
+        """Note that ``kind`` went wrong, as ``message`` says; a fatal flag (by default, one of a kind in ``FATAL``)
+        leaves the episode without a reward."""
+        flag = Flag(kind, message, fatal)
         self.flags.append(flag)
         if flag.fatal:
             self.reward = None
