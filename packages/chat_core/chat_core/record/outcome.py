@@ -29,7 +29,9 @@ class EpisodeOutcome:
     requests sent again after a transient failure (0 in a record written before it was counted).
     ``dropped_tool_calls``: tool calls the model made that the trainer's chat endpoint didn't pass on (flagged
     ``tool_calls_dropped``; a helper counts them, ``of`` can't, and a record written before they were counted
-    reads 0)."""
+    reads 0). ``resumed_calls``: model calls the trainer cut to update its weights that were asked again, the episode
+    playing on; ``cut_tokens``: the tokens those calls had generated when cut, which the reply went on from (both a
+    helper's count, 0 in a record written before they were counted)."""
 
     reward: float | None
     scored: bool
@@ -47,6 +49,8 @@ class EpisodeOutcome:
     env_server: str | None
     model_retries: int = 0
     dropped_tool_calls: int = 0
+    resumed_calls: int = 0
+    cut_tokens: int = 0
 
     @classmethod
     def of(cls, result: EpisodeResult) -> EpisodeOutcome:
@@ -73,7 +77,13 @@ class EpisodeOutcome:
     @classmethod
     def aborted(cls, message: str) -> EpisodeOutcome:
         """The outcome of an episode the trainer cut short before it ended: unscored, flagged ``rollout_aborted``."""
-        flag = Flag(FlagKind.ROLLOUT_ABORTED, message)
+        return cls.unplayed(FlagKind.ROLLOUT_ABORTED, message)
+
+    @classmethod
+    def unplayed(cls, kind: FlagKind, message: str) -> EpisodeOutcome:
+        """The outcome of an episode that ended, as ``message`` says, before anything of it was recorded: unscored,
+        flagged ``kind`` (a fatal one)."""
+        flag = Flag(kind, message)
         return cls(None, False, str(flag.kind), (flag,), 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, False, None)
 
     def to_metadata(self) -> dict[str, Any]:

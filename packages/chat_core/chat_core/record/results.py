@@ -29,8 +29,9 @@ class FlagKind(StrEnum):
       ``Limits.max_chat_answer_bytes``, an unreadable reply (429, 502, 503, 504 and refused connections only once
       retrying them would pass the model deadline).
     - ``reply_aborted``: the model's server aborted a reply while generating it (finish reason ``abort``, as SGLang
-      answers when the trainer pauses or aborts its engines, e.g. to update weights); the episode ends there rather
-      than play on from a cut reply.
+      answers when the trainer pauses or aborts its engines); the episode ends there rather than play on from a cut
+      reply. slime's helper asks a model call that a weight update cut again instead, so there it means the
+      trainer's rollout was over.
     - ``no_reward``: the env ended the episode without a reward.
     - ``model_deadline``: the model took longer than ``Limits.model_deadline_s`` in all.
     - ``turn_limit``: the env opened more turns than ``Limits.max_turns``.
@@ -47,7 +48,13 @@ class FlagKind(StrEnum):
       rollout takes one sample per episode (a helper's flag: slime's fully-async rollout).
     - ``chat_template_failed``: the model's chat template raised on the episode's chat, so the turn never reached
       the model; the message is the template's (a helper's flag, in place of the ``session_failed`` its chat
-      endpoint's refusal raised)."""
+      endpoint's refusal raised).
+    - ``resume_limit``: the trainer updated the weights in the middle of more of the episode's model calls than the
+      helper asks again (slime's ``episode_max_resumed_calls``), so the episode ended at the last cut rather than
+      grow staler (a helper's flag, in place of the ``reply_aborted`` of that cut).
+    - ``episode_raised``: the episode raised where it should have ended in a flag (a fault of the trainer helper, the
+      trainer or the row); the message names the exception (a helper's flag, where the trainer's rollout would only
+      log it)."""
 
     BAD_TOOL_ARGUMENTS = "bad_tool_arguments"
     TOOL_CALL_LIMIT = "tool_call_limit"
@@ -67,6 +74,8 @@ class FlagKind(StrEnum):
     ROLLOUT_ABORTED = "rollout_aborted"
     EPISODE_SPLIT = "episode_split"
     CHAT_TEMPLATE_FAILED = "chat_template_failed"
+    RESUME_LIMIT = "resume_limit"
+    EPISODE_RAISED = "episode_raised"
 
 
 FATAL = frozenset(FlagKind) - {
