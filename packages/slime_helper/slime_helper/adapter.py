@@ -15,7 +15,8 @@ held for the session's next one, the tool calls of a reply that slime's adapter 
 are kept per session (``AdapterService.dropped_tool_calls``), and a chat the template can't render is answered with
 a 400 naming the template's error, kept per session (``AdapterService.template_failure``), instead of slime's 500;
 and a reply SGLang aborted reaches the client with finish reason ``abort`` (slime's adapter would say ``stop``),
-so ``chat_core`` ends the episode flagged ``reply_aborted``.
+so ``chat_core`` ends the episode flagged ``reply_aborted``, unless a weight update cut it: then the client is asked
+to send the chat again and the reply goes on from the cut (``resume``).
 """
 
 from __future__ import annotations
@@ -34,9 +35,18 @@ from chat_core.record.filters import require_filter
 
 from slime_helper._slime import slime
 from slime_helper.chat_template import ChatTemplate
-from slime_helper.errors import MissingEpisodeNormalization, MissingToolParser, UnappendableChat
+from slime_helper.errors import MissingEpisodeNormalization, MissingToolParser, PartialRolloutRefused, UnappendableChat
 from slime_helper.filters import FILTERS
 from slime_helper.renderer import AppendOnlyRenderer, Unappendable
+from slime_helper.resume import (
+    ASK_AGAIN,
+    Resumed,
+    ResumePolicy,
+    Resumes,
+    ResumingTokenizer,
+    ask_again_answer,
+    resuming_manager,
+)
 from slime_helper.rewards import normalizes_per_group
 from slime_helper.tokenizers import AppendOnlyTokenizer, ChatTemplateFailed, WholeChatTokenizer, turn_session
 from slime_helper.tool_parser import check_tool_parser
@@ -55,7 +65,8 @@ class AdapterService:
     normalises rewards per prompt group without ``--custom-reward-post-process-path``, UnreadableToolCalls when
     that parser doesn't read the tool calls the model's chat template writes, UnappendableChat when
     ``episode_append_only_chat`` is true and the template can't be rendered append-only, UnsupportedSlime when slime
-    lacks what it uses, and ValueError when ``episode_append_only_chat`` isn't true or false."""
+    lacks what it uses, PartialRolloutRefused with ``--partial-rollout``, and ValueError when
+    ``episode_append_only_chat`` isn't true or false."""
 
     _current: ClassVar[AdapterService | None] = None
 
@@ -76,6 +87,14 @@ class AdapterService:
                 f"normalize_per_episode with --advantage-estimator {args.advantage_estimator} and rewards "
                 "normalisation on: an episode comes back as several samples, and slime's own normalisation would "
                 "then take one group over the whole batch and count a long episode once per sample"
+            )
+        if getattr(args, "partial_rollout", False):
+            raise PartialRolloutRefused(
+                "slime_helper can't take --partial-rollout: an episode plays in an env session that ends with its "
+                "rollout, so a partial sample can't go on in a later one (and slime's abort() reads sample.response "
+                "of each episode, which slime_helper returns as a list of samples). Leave it out: under "
+                "train_async.py with --rollout-function-path slime_helper.generate_rollout_fully_async, a model "
+                "call that a weight update cuts goes on from where it was cut, in the same env session"
             )
         append_only = getattr(args, APPEND_ONLY_SETTING, None)
         if append_only is not None and not isinstance(append_only, bool):
@@ -119,10 +138,12 @@ class AdapterService:
         if current is not None:
             current._app.stop()
 
-    def open_session(self, sid: str, sampling_defaults: Mapping[str, Any]) -> None:
-        """Open session ``sid`` on the adapter, whose SGLang requests start from ``sampling_defaults``."""
+    def open_session(self, sid: str, sampling_defaults: Mapping[str, Any], resume: ResumePolicy | None = None) -> None:
+        """Open session ``sid`` on the adapter, whose SGLang requests start from ``sampling_defaults`` and whose model
+        calls a weight update cuts are asked again as ``resume`` says (without one, a cut reply reaches the client as
+        an abort)."""
         self.adapter.open_session(
-            sid, sampling_defaults=dict(sampling_defaults), max_context_tokens=self._max_context_tokens
+            sid, sampling_defaults=dict(sampling_defaults), max_context_tokens=self._max_context_tokens, resume=resume
         )
 
     def chat(self, sid: str) -> ChatEndpoint:
@@ -138,6 +159,10 @@ class AdapterService:
         """The chat template's error on the chat of open session ``sid``, which the adapter answered with a 400;
         None while the template has rendered every turn."""
         return self.adapter.template_failure(sid)
+
+    def resumed(self, sid: str) -> Resumed:
+        """What weight updates did to open session ``sid``'s model calls so far."""
+        return self.adapter.resumes.of(sid)
 
 
 @dataclass(frozen=True)
@@ -218,12 +243,16 @@ def _episode_adapter(openai_adapter: type) -> type:
         adapter's ``debug_callback``, slime's one hook that sees a recorded turn's tokens), gives the turn it
         records the reply's reasoning as the client gets it back, keeps each open session's
         ``dropped_tool_calls``, and answers a chat its template can't render with a 400 naming the template's
-        error, kept as the session's ``template_failure``, and tells the client when SGLang aborted the reply."""
+        error, kept as the session's ``template_failure``, and tells the client when SGLang aborted the reply. A
+        reply a weight update cut is answered with a 503 instead, and the chat sent again goes on from the cut
+        (``resumes``, with slime's ``TrajectoryManager`` subclassed to record the cut and the rest as one turn)."""
 
         def __init__(self, *, tokenizer: Any, **kwargs: Any):
             self._appended = tokenizer if isinstance(tokenizer, AppendOnlyTokenizer) else None
             recorded = self._appended.record if self._appended is not None else None
-            super().__init__(tokenizer=tokenizer, debug_callback=recorded, **kwargs)
+            self.resumes = Resumes()
+            super().__init__(tokenizer=ResumingTokenizer(tokenizer, self.resumes), debug_callback=recorded, **kwargs)
+            self.manager = resuming_manager(self.resumes, kwargs.get("fork_threshold_tokens"))
             self._replies: dict[str, _SessionReplies] = {}
             self.app.middlewares.append(self._answer_template_failures)
 
@@ -245,9 +274,11 @@ def _episode_adapter(openai_adapter: type) -> type:
             replies = self._replies.get(sid)
             return replies.template_failure if replies is not None else None
 
-        def open_session(self, sid: str, **kwargs: Any) -> None:
+        def open_session(self, sid: str, *, resume: ResumePolicy | None = None, **kwargs: Any) -> None:
             super().open_session(sid, **kwargs)
             self._replies[sid] = _SessionReplies()
+            if resume is not None:
+                self.resumes.open(sid, resume, (kwargs.get("sampling_defaults") or {}).get("max_new_tokens"))
             if self._appended is not None:
                 self._appended.open(sid)
 
@@ -265,12 +296,14 @@ def _episode_adapter(openai_adapter: type) -> type:
 
         def _forget(self, sid: str) -> None:
             self._replies.pop(sid, None)
+            self.resumes.forget(sid)
             if self._appended is not None:
                 self._appended.forget(sid)
 
         def _session_id(self, request: Any, body: dict) -> str:
             sid = super()._session_id(request, body)
             turn_session.set(sid)
+            self.resumes.shorten(sid, body, self.max_token_keys)
             return sid
 
         def _build_reply(self, parsed: Any, raw_finish: str, translated: list, tools_schema: Any) -> Any:
@@ -280,9 +313,12 @@ def _episode_adapter(openai_adapter: type) -> type:
             # the turn.
             if parsed.reasoning:
                 reply.manager_message["reasoning_content"] = parsed.reasoning
-            # slime's adapter answers a generation SGLang aborted (its engines paused for a weight update, or any
-            # abort) with finish reason stop, so the episode would play on from the cut reply as if it were whole.
+            # A generation a weight update cut is asked again (resume). slime's adapter answers any other abort with
+            # finish reason stop, so the episode would play on from the cut reply as if it were whole.
             if raw_finish == "abort":
+                if self.resumes.asks_again(turn_session.get()):
+                    reply.wire = ASK_AGAIN
+                    return reply
                 reply.wire = (reply.wire[0], "abort")
             if (replies := self._replies.get(turn_session.get())) is not None:
                 replies.replies += 1
@@ -290,5 +326,16 @@ def _episode_adapter(openai_adapter: type) -> type:
                     names = tuple(str(call.get("name", "tool")) for call in parsed.tool_uses)
                     replies.dropped.append(DroppedToolCalls(replies.replies, names))
             return reply
+
+        async def _respond(self, request: Any, body: dict, reply: Any, *args: Any) -> web.StreamResponse:
+            if reply.wire is ASK_AGAIN:
+                sid = turn_session.get() or ""
+                return ask_again_answer(sid, self.resumes.of(sid))
+            return await super()._respond(request, body, reply, *args)
+
+        def _run_debug_callback(self, sid: str, *args: Any) -> None:
+            # The turn a weight update cut is not held: the chat sent again renders as the one before it.
+            if not self.resumes.cutting(sid):
+                super()._run_debug_callback(sid, *args)
 
     return EpisodeAdapter
