@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 
 import pytest
 import rollout_hooks
@@ -168,12 +169,25 @@ def test_a_rollout_whose_every_group_is_left_out_raises_naming_the_drops_after_l
         "--prompt-data", str(prompts), "--rollout-batch-size", "1", config="fully_async_max_drawn_batches: 2\n"
     )
 
-    with caplog.at_level(logging.INFO, logger="slime_helper"), pytest.raises(RolloutStarved) as starved:
-        generate_rollout_fully_async(args, 0, data_source)
+    raised: list[BaseException] = []
 
-    assert "drew 2 groups from slime's worker" in str(starved.value)
-    assert "kept 0 of the 1 it needs, past fully_async_max_drawn_batches=2" in str(starved.value)
-    assert "dropped env_failed x2" in str(starved.value)
+    def call() -> None:
+        try:
+            generate_rollout_fully_async(args, 0, data_source)
+        except BaseException as error:
+            raised.append(error)
+
+    caller = threading.Thread(target=call, name="starved-rollout", daemon=True)
+    with caplog.at_level(logging.INFO, logger="slime_helper"):
+        caller.start()
+        caller.join(timeout=120)
+
+    assert not caller.is_alive(), "the rollout call is still waiting for groups"
+    [starved] = raised
+    assert isinstance(starved, RolloutStarved)
+    assert "drew 2 groups from slime's worker" in str(starved)
+    assert "kept 0 of the 1 it needs, past fully_async_max_drawn_batches=2" in str(starved)
+    assert "dropped env_failed x2" in str(starved)
     rounds = [record.getMessage() for record in caplog.records if "fully-async rollout 0: the filter" in record.message]
     assert len(rounds) == 2 and all("kept 0 of 1 groups" in line and "dropped env_failed x1" in line for line in rounds)
 

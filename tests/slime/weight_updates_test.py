@@ -12,7 +12,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import rollout_hooks
 from async_rollout import WHOLE_REPLIES, outcome_of, rows_file, task_of
@@ -23,7 +23,7 @@ from slime.rollout.sglang_rollout import generate_and_rm_group, generate_rollout
 from slime.utils.http_utils import init_http_client
 from slime.utils.types import Sample
 from slime_helper import generate_rollout_fully_async
-from test_support import REWARDS, SCRIPTS, delay, text
+from test_support import REWARDS, SCRIPTS, delay, text, tool_call
 
 SECONDS_PER_TOKEN = 0.04
 HOOKS = ("--rollout-all-samples-process-path", "rollout_hooks.note_drawn")
@@ -31,16 +31,17 @@ HOOKS = ("--rollout-all-samples-process-path", "rollout_hooks.note_drawn")
 
 @contextlib.contextmanager
 def weight_updates(
-    sglang: StandInSGLang, times: int, *, generating: int = 1, settle_s: float = 0.1
+    sglang: StandInSGLang, times: int, *, when: Callable[[], bool] | None = None, settle_s: float = 0.1
 ) -> Iterator[WeightUpdates]:
-    """``times`` weight updates, each once the stand-in is generating ``generating`` requests and ``settle_s`` later,
-    so it cuts what is generating; the updates not done when the block ends are left out."""
+    """``times`` weight updates, each ``settle_s`` after ``when()`` (by default: once the stand-in is generating), so
+    it cuts what is generating; the updates not done when the block ends are left out."""
     updates = WeightUpdates(sglang.url)
     stop = threading.Event()
+    ready = when or sglang.generating
 
     def update() -> None:
         for _ in range(times):
-            while sglang.generating() < generating:
+            while not ready():
                 if stop.wait(0.01):
                     return
             time.sleep(settle_s)
@@ -109,25 +110,30 @@ def test_episodes_longer_than_the_time_between_weight_updates_come_back_one_samp
     assert any(first != second for first, second in cut_points)
 
 
-def test_a_reply_a_weight_update_cut_goes_on_within_the_token_limit(launch, sglang, env_server, tokenizer):
-    args = launch()
-    reply = "A banana, which is the fruit in the crate on the third shelf of aisle nine."
+def test_a_later_reply_a_weight_update_cut_goes_on_from_the_cut_within_the_token_limit(
+    launch, sglang, env_server, tokenizer
+):
+    args = launch(thinking=False)
+    reply = (
+        "The crate of pears is on shelf 9C, the third shelf of aisle nine, behind the apples and the plums; it came "
+        "in on Tuesday from the farm by the river, and the next one is due on Friday."
+    )
     sglang.seconds_per_token = SECONDS_PER_TOKEN
-    sglang.script_of = by_session(env_server, lambda task, n: (text(reply),))
-    sampling = {**sampling_params(args), "max_new_tokens": 12}
+    sglang.script_of = by_session(env_server, lambda task, n: (tool_call("find_crate", {"name": "pears"}), text(reply)))
+    sampling = {**sampling_params(args), "max_new_tokens": 30}
 
-    with weight_updates(sglang, times=1) as updates:
-        played = on_slime_loop(generate_and_rm_group(args, group_of(args, "reply_only")[:1], sampling))
+    with weight_updates(sglang, times=1, when=lambda: len(sglang.generated) == 1 and sglang.generating()) as updates:
+        played = on_slime_loop(generate_and_rm_group(args, group_of(args, "played")[:1], sampling))
 
     [[sample]] = played
-    [cut] = cuts(sglang)
-    [rest] = [answered for answered in sglang.generated if answered.prompt == cut.prompt + cut.output]
+    first, cut, rest = sglang.generated
     [asked] = [body for body in sglang.requests if body["input_ids"] == rest.prompt]
     trained, _ = split_response(sample)
-    assert updates.versions == 1 and 0 < len(cut.output) < 12
-    assert asked["sampling_params"]["max_new_tokens"] == 12 - len(cut.output)
-    assert rest.finish == "length" and trained == cut.output + rest.output
-    assert tokenizer.decode(trained) == tokenizer.decode(tokenizer.encode(reply, add_special_tokens=False)[:12])
+    assert updates.versions == 1 and first.finish == "stop" and cut.finish == "abort" and 0 < len(cut.output) < 30
+    assert rest.prompt == cut.prompt + cut.output and rest.weight_version == 1
+    assert asked["sampling_params"]["max_new_tokens"] == 30 - len(cut.output)
+    assert rest.finish == "length" and trained == first.output + cut.output + rest.output
+    assert tokenizer.decode(cut.output + rest.output) == tokenizer.decode(tokenizer.encode(reply)[:30])
     assert [str(flag.kind) for flag in outcome_of(sample).flags] == ["reply_truncated"]
     assert (outcome_of(sample).resumed_calls, outcome_of(sample).cut_tokens) == (1, len(cut.output))
 
@@ -146,7 +152,7 @@ def test_an_episode_cut_more_often_than_its_bound_ends_flagged_and_its_group_is_
         env_server, lambda task, n: long_reply if (task, n) in first_played else SCRIPTS[task]
     )
 
-    with weight_updates(sglang, times=2, generating=2) as updates:
+    with weight_updates(sglang, times=2, when=lambda: sglang.generating() == 2) as updates:
         output = generate_rollout_fully_async(args, 0, data_source)
 
     assert updates.versions == 2
