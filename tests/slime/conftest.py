@@ -29,10 +29,14 @@ try:
 except TierUnready as unready:
     raise pytest.UsageError(str(unready)) from None
 
+import rollout_hooks
+from async_rollout import FULLY_ASYNC, WatchedDataSource
 from chat_core.prepare import write_rows
 from launch import EVAL_SPLIT, THINKING_OFF, parse_slime_args, slime_command
 from sglang_stand_in import StandInSGLang, by_task
 from slime.observability.logging_utils import configure_logger
+from slime.rollout import fully_async_rollout
+from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.processing_utils import load_tokenizer
 from slime_helper import AdapterService
 from test_support import ServedBundle, serve_bundle
@@ -125,3 +129,39 @@ def launch(
         return parsed[variant]
 
     return args
+
+
+@pytest.fixture
+def own_generate_state() -> Iterator[None]:
+    """slime's ``GenerateState`` is one per process, keeping the arguments it was first made with: the test sets aside
+    the one the tier's other tests made, so that the rollout it runs makes its own, as in a training run, and puts it
+    back at the end."""
+    instances = type(GenerateState)._instances
+    before = instances.pop(GenerateState, None)
+    yield
+    instances.pop(GenerateState, None)
+    if before is not None:
+        instances[GenerateState] = before
+
+
+@pytest.fixture
+def fully_async(launch, sglang, own_generate_state) -> Iterator[Callable[..., tuple]]:
+    """A fully-async launch with the extra flags given, and slime's data source for it.
+
+    slime's fully-async worker is one per process and outlives a rollout call: the test's end stops it, once the
+    episodes it still has in flight have ended, so that the next test starts one afresh. The worker makes its own
+    ``GenerateState`` (``own_generate_state``), as in a training run: its semaphore as large as the groups the worker
+    keeps in flight, each of several episodes, so it fills and binds to the worker's event loop. What
+    ``rollout_hooks`` kept is cleared first."""
+    rollout_hooks.clear()
+
+    def launched(*extra: str, config: str = "", thinking: bool = True) -> tuple:
+        args = launch(extra=(*FULLY_ASYNC, *extra), config=config, thinking=thinking)
+        return args, WatchedDataSource(args)
+
+    yield launched
+    worker = fully_async_rollout._global_worker
+    fully_async_rollout._stop_global_worker()
+    if worker is not None and worker.worker_thread is not None:
+        worker.worker_thread.join(timeout=60)
+        assert not worker.worker_thread.is_alive(), "slime's fully-async worker didn't stop"

@@ -2,20 +2,22 @@
 ``--rollout-function-path``, running slime's own ``AsyncRolloutWorker`` (``slime.rollout.fully_async_rollout``) on
 slime's own data source (``RolloutDataSourceWithBuffer``, watched for the groups the worker hands back to it), with
 slime's ``parse_args``, slime's real adapter and the stand-in for SGLang, against the real env server. What comes
-out goes through slime's own train-data conversion (``rollout.rollout_manager``).
+out goes through slime's own train-data conversion (``rollout.rollout_manager``) and slime's rollout hooks
+(``rollout_hooks``). What a weight update does to the episodes is ``weight_updates_test``'s.
 
 The worker polls its data source once a second, so each test keeps to a few seconds of rollouts: two groups in
 flight (``--sglang-server-concurrency 2``)."""
 
 from __future__ import annotations
 
-import copy
 import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
+import logging
+import threading
 
 import pytest
-from chat_core import EpisodeOutcome
+import rollout_hooks
+from async_rollout import GRPO_FILTER, WHOLE_REPLIES, outcome_of, rows_file, task_of
+from chat_core import ServerMismatch
 from launch import EVAL_SPLIT
 from rollout import (
     MISSES,
@@ -28,88 +30,23 @@ from rollout import (
     split_response,
 )
 from slime.rollout import fully_async_rollout
-from slime.rollout.data_source import RolloutDataSourceWithBuffer
 from slime.rollout.filter_hub.base_types import call_dynamic_filter
-from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 from slime_helper import (
     AppendOnlyChatNeeded,
     FullyAsyncEvaluation,
+    PartialRolloutRefused,
+    RolloutStarved,
     UnfilteredFullyAsync,
     generate_rollout_fully_async,
 )
-from test_support import REWARDS, SCRIPTS, error, text, tool_call
+from test_support import REWARDS, SCRIPTS, error
 
-FULLY_ASYNC = (
-    "--rollout-function-path", "slime_helper.generate_rollout_fully_async",
-    "--sglang-server-concurrency", "2",
+HOOKS = (
+    "--rollout-sample-filter-path", "rollout_hooks.note_kept",
+    "--rollout-all-samples-process-path", "rollout_hooks.note_drawn",
 )  # fmt: skip
-GRPO_FILTER = ("--dynamic-sampling-filter-path", "slime_helper.keep_scored_nonzero_std_groups")
-WHOLE_REPLIES = {
-    "played": '<tool_call>\n{"name": "find_crate", "arguments": {"name": "pears"}}\n</tool_call><|im_end|>'
-    "The crate of pears is on shelf 9C.<|im_end|>",
-    "two_turns": "Welcome to the warehouse!<|im_end|>Goodbye, and thank you!<|im_end|>",
-}
-"""What an episode of each task trains on when played with its test_support script: every reply, whole."""
-
-
-class WatchedDataSource(RolloutDataSourceWithBuffer):
-    """slime's own data source, keeping a copy of each group the worker hands back to it (``handed_back``)."""
-
-    def __init__(self, args):
-        super().__init__(args)
-        self.handed_back: list[list[Sample]] = []
-
-    def add_samples(self, samples: list[list[Sample]]) -> None:
-        self.handed_back += copy.deepcopy(samples)
-        super().add_samples(samples)
-
-
-@pytest.fixture
-def fully_async(launch, sglang) -> Iterator[Callable[..., tuple]]:
-    """A fully-async launch with the extra flags given, and slime's data source for it.
-
-    slime's fully-async worker is one per process and outlives a rollout call: the test's end stops it, once the
-    episodes it still has in flight have ended, so that the next test starts one afresh. slime's ``GenerateState``
-    is one per process too, keeping the arguments it was first made with: the test sets aside the one the tier's
-    other tests made, so that the worker makes its own, as in a training run (its semaphore as large as the groups
-    the worker keeps in flight, each of several episodes, so it fills and binds to the worker's event loop), and puts
-    it back at the end."""
-    instances = type(GenerateState)._instances
-    before = instances.pop(GenerateState, None)
-
-    def launched(*extra: str, config: str = "", thinking: bool = True) -> tuple:
-        args = launch(extra=(*FULLY_ASYNC, *extra), config=config, thinking=thinking)
-        return args, WatchedDataSource(args)
-
-    yield launched
-    worker = fully_async_rollout._global_worker
-    fully_async_rollout._stop_global_worker()
-    if worker is not None and worker.worker_thread is not None:
-        worker.worker_thread.join(timeout=60)
-        assert not worker.worker_thread.is_alive(), "slime's fully-async worker didn't stop"
-    instances.pop(GenerateState, None)
-    if before is not None:
-        instances[GenerateState] = before
-
-
-def task_of(sample: Sample) -> str:
-    return sample.metadata["episode"]["task_name"]
-
-
-def outcome_of(sample: Sample) -> EpisodeOutcome:
-    outcome = EpisodeOutcome.from_metadata(sample.metadata)
-    assert outcome is not None, f"no episode outcome in {sample.metadata}"
-    return outcome
-
-
-def rows_file(rows: Path, tasks: tuple[str, ...], path: Path) -> Path:
-    """``path``, holding the rows of ``tasks`` from ``rows/all.jsonl`` in that order."""
-    by_task = {json.loads(line)["metadata"]["episode"]["task_name"]: line for line in (rows / "all.jsonl").open()}
-    path.write_text("".join(by_task[task] for task in tasks))
-    return path
-
 
 TRAINED_AND_LEFT_OUT = ("reply_only", "fails_after_the_turn", "played", "two_turns")
 """The rows of the rollouts, in the order slime's data source gives them: with two groups in flight, the groups
@@ -122,7 +59,7 @@ def test_rollouts_through_slimes_worker_train_only_the_groups_the_filter_keeps_o
 ):
     prompts = rows_file(rows, TRAINED_AND_LEFT_OUT, tmp_path / "rows.jsonl")
     args, data_source = fully_async(
-        *GRPO_FILTER, "--prompt-data", str(prompts), "--rollout-batch-size", "2", "--global-batch-size", "4"
+        *GRPO_FILTER, *HOOKS, "--prompt-data", str(prompts), "--rollout-batch-size", "2", "--global-batch-size", "4"
     )
     second = {"reply_only": (error(500),), **MISSES}
     sglang.script_of = by_session(
@@ -135,6 +72,10 @@ def test_rollouts_through_slimes_worker_train_only_the_groups_the_filter_keeps_o
 
         groups = output.samples
         assert [task_of(group[0]) for group in groups] == ["played", "two_turns"]
+        assert rollout_hooks.KEPT[rollout_id] == groups
+        drawn, handed = rollout_hooks.DRAWN[rollout_id]
+        assert [task_of(group[0]) for group in drawn] == list(TRAINED_AND_LEFT_OUT)
+        assert handed.__self__ is data_source and handed.__func__ is type(data_source).get_samples
         assert [group[0].group_index for group in groups] == [4 * rollout_id + 2, 4 * rollout_id + 3]
         assert output.metrics == {
             "rollout/dynamic_filter/drop_session_failed": 1,
@@ -163,41 +104,6 @@ def test_rollouts_through_slimes_worker_train_only_the_groups_the_filter_keeps_o
     assert all(outcome_of(sample).scored and sample.remove_sample for sample in evaluated["samples"])
 
 
-def test_an_episode_whose_reply_sglang_aborted_is_handed_back_flagged_and_played_again(
-    fully_async, sglang, env_server, rows, tmp_path, tokenizer
-):
-    prompts = rows_file(rows, ("played", "two_turns"), tmp_path / "rows.jsonl")
-    args, data_source = fully_async("--prompt-data", str(prompts))
-    cut = {"played": "The crate of pe", "two_turns": "Welcome to the ware"}
-    aborted = {
-        "played": (tool_call("find_crate", {"name": "pears"}), text(cut["played"], finish_reason="abort")),
-        "two_turns": (text(cut["two_turns"], finish_reason="abort"),),
-    }
-    sglang.script_of = by_session(env_server, lambda task, n: aborted[task] if n == 1 else SCRIPTS[task])
-
-    groups = generate_rollout_fully_async(args, 0, data_source).samples
-
-    handed_back = {task_of(group[0]): group for group in data_source.handed_back}
-    assert sorted(handed_back) == ["played", "two_turns"]
-    for task, group in handed_back.items():
-        [placeholder] = [sample for sample in group if sample.status == Sample.Status.ABORTED]
-        outcome = outcome_of(placeholder)
-        assert (outcome.reward, outcome.reason) == (None, "reply_aborted")
-        assert f"aborted the reply (finish_reason 'abort'), cut at {cut[task]!r}" in outcome.flags[0].message
-        assert placeholder.loss_mask == [0] and placeholder.remove_sample and placeholder.reward == 0.0
-    assert [group[0].group_index for group in groups] == [0, 1, 2, 3]
-    for group in groups[:2]:
-        task = task_of(group[0])
-        assert [sample.index for sample in group] == [sample.index for sample in handed_back[task]]
-        for sample in group:
-            trained, _ = split_response(sample)
-            assert sample.status == Sample.Status.COMPLETED and sample.reward == REWARDS[task]
-            assert outcome_of(sample).scored and outcome_of(sample).flags == ()
-            assert tokenizer.decode(trained) == WHOLE_REPLIES[task]
-    answered = [tokenizer.decode(reply.output) for reply in sglang.generated]
-    assert sorted(reply for reply in answered if reply in cut.values()) == sorted(cut.values())
-
-
 @pytest.mark.parametrize(
     ("extra", "config", "refusal", "says"),
     [
@@ -208,8 +114,9 @@ def test_an_episode_whose_reply_sglang_aborted_is_handed_back_flagged_and_played
             FullyAsyncEvaluation,
             r"GenerateState semaphore.*leave --eval-function-path out",
         ),
+        (("--partial-rollout",), "", PartialRolloutRefused, r"can't take --partial-rollout.*goes on from where it was"),
     ],
-    ids=["several-samples-an-episode", "eval-off-the-workers-loop"],
+    ids=["several-samples-an-episode", "eval-off-the-workers-loop", "partial-rollout"],
 )
 def test_a_launch_the_fully_async_rollout_cant_train_right_is_refused_before_anything_plays(
     fully_async, sglang, env_server, extra, config, refusal, says
@@ -252,3 +159,82 @@ def test_slimes_worker_named_as_the_rollout_function_is_refused_naming_ours(laun
     with pytest.raises(UnfilteredFullyAsync, match=r"--rollout-function-path slime_helper\.generate_rollout_fully_a"):
         rollout(args, group_of(args, "played"))
     assert env_server.open_episodes() == 0
+
+
+def test_a_rollout_whose_every_group_is_left_out_raises_naming_the_drops_after_logging_each_round(
+    fully_async, sglang, env_server, rows, tmp_path, caplog
+):
+    prompts = rows_file(rows, ("fails_after_the_turn",), tmp_path / "rows.jsonl")
+    args, data_source = fully_async(
+        "--prompt-data", str(prompts), "--rollout-batch-size", "1", config="fully_async_max_drawn_batches: 2\n"
+    )
+
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            generate_rollout_fully_async(args, 0, data_source)
+        except BaseException as error:
+            raised.append(error)
+
+    caller = threading.Thread(target=call, name="starved-rollout", daemon=True)
+    with caplog.at_level(logging.INFO, logger="slime_helper"):
+        caller.start()
+        caller.join(timeout=120)
+
+    assert not caller.is_alive(), "the rollout call is still waiting for groups"
+    [starved] = raised
+    assert isinstance(starved, RolloutStarved)
+    assert "drew 2 groups from slime's worker" in str(starved)
+    assert "kept 0 of the 1 it needs, past fully_async_max_drawn_batches=2" in str(starved)
+    assert "dropped env_failed x2" in str(starved)
+    rounds = [record.getMessage() for record in caplog.records if "fully-async rollout 0: the filter" in record.message]
+    assert len(rounds) == 2 and all("kept 0 of 1 groups" in line and "dropped env_failed x1" in line for line in rounds)
+
+
+def test_an_episode_that_raises_under_slimes_worker_comes_back_flagged_and_its_group_left_out(
+    fully_async, sglang, env_server, rows, tmp_path
+):
+    broken = json.loads(next(line for line in (rows / "all.jsonl").open() if '"reply_only"' in line))
+    del broken["metadata"]["episode"]["task_id"]
+    prompts = rows_file(rows, ("two_turns",), tmp_path / "rows.jsonl")
+    prompts.write_text(json.dumps(broken) + "\n" + prompts.read_text())
+    args, data_source = fully_async(*HOOKS, "--prompt-data", str(prompts), "--rollout-batch-size", "1")
+
+    output = generate_rollout_fully_async(args, 0, data_source)
+
+    assert [task_of(group[0]) for group in output.samples] == ["two_turns"]
+    [(drawn, _)] = rollout_hooks.DRAWN
+    raised = [group for group in drawn if task_of(group[0]) == "reply_only"]
+    assert raised and output.metrics == {"rollout/dynamic_filter/drop_episode_raised": len(raised)}
+    for sample in (sample for group in raised for sample in group):
+        outcome = outcome_of(sample)
+        assert sample.status == Sample.Status.FAILED and sample.loss_mask == [0] and sample.remove_sample
+        assert (outcome.reward, outcome.reason) == (None, "episode_raised")
+        assert outcome.flags[0].message.startswith("the episode raised ValueError: ")
+    assert data_source.handed_back == []
+
+
+def test_a_fault_of_the_launch_an_episode_raises_is_raised_from_the_rollout_call(
+    fully_async, sglang, env_server, rows, tmp_path
+):
+    stale = json.loads(next(line for line in (rows / "all.jsonl").open() if '"played"' in line))
+    stale["metadata"]["episode"]["task_id"] = "a-task-the-server-no-longer-serves"
+    prompts = tmp_path / "rows.jsonl"
+    prompts.write_text(json.dumps(stale) + "\n")
+    args, data_source = fully_async(
+        "--prompt-data", str(prompts), "--rollout-batch-size", "1", config=f"episode_env_servers: [{env_server.url}]\n"
+    )
+
+    with pytest.raises(ServerMismatch, match=r"the row is for 'a-task-the-server-no-longer-serves'"):
+        generate_rollout_fully_async(args, 0, data_source)
+
+    assert data_source.handed_back == [] and sglang.requests == []
+
+
+def test_partial_rollout_with_slimes_standard_rollout_is_refused_before_the_episode_plays(launch, sglang, env_server):
+    args = launch(extra=("--partial-rollout",))
+
+    with pytest.raises(PartialRolloutRefused, match=r"sample\.response of each episode"):
+        rollout(args, group_of(args, "played"))
+    assert sglang.requests == [] and env_server.open_episodes() == 0

@@ -13,7 +13,6 @@ from slime.utils.misc import load_function
 from slime_helper import AdapterService, keep_scored_nonzero_std_groups, log_eval_rollout, log_rollout
 from slime_helper.generate import episode_limits, generate
 from slime_helper.rewards import normalize_per_episode
-from slime_helper.tokenizers import AppendOnlyTokenizer
 from test_support.gpu_launch import check_evals, check_functions, ready_to_parse
 
 EVAL = "happy"
@@ -60,8 +59,9 @@ def test_each_eval_split_is_evaluated_once_per_task_every_n_steps(launch):
 def test_the_adapter_renders_each_episode_append_only_so_an_episode_is_one_sample(launch):
     _, args = launch
 
-    tokenizer = AdapterService.of(args).adapter.tokenizer
-    assert isinstance(tokenizer, AppendOnlyTokenizer)
+    service = AdapterService.of(args)
+    tokenizer = service.adapter.tokenizer
+    assert service.append_only
     prompt = tokenizer.decode(tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}]))
     assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 

@@ -19,11 +19,9 @@ from slime.utils.misc import load_function
 from slime.utils.processing_utils import load_tokenizer
 from slime_helper import (
     AdapterService,
-    AppendOnlyTokenizer,
     UnappendableChat,
     UnreadableToolCalls,
     UnsupportedSlime,
-    WholeChatTokenizer,
     generate,
     keep_scored_groups,
     normalize_per_episode,
@@ -95,7 +93,7 @@ def test_a_qwen3_template_is_rendered_append_only_its_first_prompt_as_the_templa
     chat = [{"role": "system", "content": "You keep a warehouse."}, {"role": "user", "content": "Hello"}]
     tools = [{"type": "function", "function": {"name": "find_crate", "description": "Find it.", "parameters": {}}}]
 
-    assert isinstance(service.adapter.tokenizer, AppendOnlyTokenizer)
+    assert service.append_only
     stock = tokenizer.apply_chat_template(chat, tools=tools, add_generation_prompt=True, enable_thinking=False)
     assert service.adapter.tokenizer.apply_chat_template(chat, tools=tools) == list(stock.get("input_ids", stock))
     assert tokenizer.decode(stock.get("input_ids", stock)).endswith(THINKING_OFF_OPENING)
@@ -106,8 +104,7 @@ def test_with_the_setting_off_the_adapter_gets_the_chat_template_kwargs_through_
 ):
     service = AdapterService.of(launch(thinking=False, config=SAMPLE_PER_TURN))
 
-    assert isinstance(service.adapter.tokenizer, WholeChatTokenizer)
-    assert not isinstance(service.adapter.tokenizer, AppendOnlyTokenizer)
+    assert not service.append_only
     rendered = service.adapter.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Hello"}], tokenize=False, add_generation_prompt=True
     )
@@ -131,8 +128,7 @@ def test_a_template_that_cant_be_rendered_append_only_is_said_loudly_and_rendere
 
     service = AdapterService.of(args)
 
-    assert isinstance(service.adapter.tokenizer, WholeChatTokenizer)
-    assert not isinstance(service.adapter.tokenizer, AppendOnlyTokenizer)
+    assert not service.append_only
     assert "THE CHAT TEMPLATE OF Hidden-0.6B CAN'T BE RENDERED APPEND-ONLY" in caplog.text
     assert "writes no tool call, so slime_helper can't check that --sglang-tool-call-parser qwen25" in caplog.text
 

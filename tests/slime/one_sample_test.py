@@ -202,7 +202,7 @@ def test_every_family_renders_an_episode_as_one_sample_of_its_last_prompt_and_re
 
     episodes = rollout(args, copy.deepcopy(stocktake_group))
 
-    assert isinstance(AdapterService.of(args).adapter.tokenizer, AppendOnlyTokenizer)
+    assert AdapterService.of(args).append_only
     sessions: dict[str, list[Generated]] = {}
     for reply in sglang.generated:
         sessions.setdefault(reply.routing_key, []).append(reply)
@@ -258,7 +258,7 @@ def test_with_the_setting_off_qwen3s_own_template_makes_each_model_call_a_sample
         launch, sglang, tokenizer, monkeypatch, stocktake, THINKING_OFF, thinking=False, config=SAMPLE_PER_TURN
     )
 
-    assert not isinstance(AdapterService.of(args).adapter.tokenizer, AppendOnlyTokenizer)
+    assert not AdapterService.of(args).append_only
     generated = sorted(tuple(reply.output) for replies in sessions for reply in replies)
     trained = sorted(
         tuple(

@@ -99,6 +99,27 @@ def test_a_record_written_before_dropped_tool_calls_were_counted_reads_0():
     assert EpisodeOutcome.from_metadata({OUTCOME_KEY: metadata}).dropped_tool_calls == 0
 
 
+def test_a_record_written_before_resumed_calls_were_counted_reads_0():
+    metadata = replace(_outcome(1.0), resumed_calls=2, cut_tokens=40).to_metadata()
+    del metadata["resumed_calls"], metadata["cut_tokens"]
+
+    outcome = EpisodeOutcome.from_metadata({OUTCOME_KEY: metadata})
+    assert (outcome.resumed_calls, outcome.cut_tokens) == (0, 0)
+
+
+def test_an_episode_a_helper_ended_before_recording_anything_is_unscored_with_the_kind_it_names():
+    outcome = EpisodeOutcome.unplayed(FlagKind.EPISODE_RAISED, "the episode raised KeyError: 'episode'")
+
+    assert (outcome.reward, outcome.scored, outcome.reason) == (None, False, "episode_raised")
+    assert [(flag.kind, flag.fatal) for flag in outcome.flags] == [(FlagKind.EPISODE_RAISED, True)]
+    assert EpisodeOutcome.from_metadata(json.loads(json.dumps({OUTCOME_KEY: outcome.to_metadata()}))) == outcome
+
+
+def test_the_helpers_new_kinds_leave_an_episode_unscored():
+    assert Flag(FlagKind.RESUME_LIMIT, "cut past the bound").fatal
+    assert Flag(FlagKind.EPISODE_RAISED, "raised").fatal
+
+
 def test_a_record_of_tool_calls_slimes_adapter_dropped_reads_back_scored():
     flag = Flag(FlagKind.TOOL_CALLS_DROPPED, "reply 1 made 2 tool calls")
     outcome = replace(_outcome(1.0), flags=(flag,), dropped_tool_calls=1)
@@ -170,7 +191,16 @@ def test_something_else_under_the_outcome_key_is_refused():
         EpisodeOutcome.from_metadata({OUTCOME_KEY: {"reward": 1.0}})
 
 
-def _outcome(reward: float | None, *, turns: int = 1, tool_calls: int = 0, reason: str | None = None, dropped: int = 0):
+def _outcome(
+    reward: float | None,
+    *,
+    turns: int = 1,
+    tool_calls: int = 0,
+    reason: str | None = None,
+    dropped: int = 0,
+    resumed: int = 0,
+    cut: int = 0,
+):
     return EpisodeOutcome(
         reward=reward,
         scored=reason is None and reward is not None,
@@ -187,6 +217,8 @@ def _outcome(reward: float | None, *, turns: int = 1, tool_calls: int = 0, reaso
         truncated=False,
         env_server=None,
         dropped_tool_calls=dropped,
+        resumed_calls=resumed,
+        cut_tokens=cut,
     )
 
 
@@ -205,9 +237,9 @@ def test_the_filters_drop_unscored_and_same_reward_groups_with_distinct_reasons(
 
 def test_metrics_count_each_episode_once_whatever_its_samples():
     outcomes = [
-        _outcome(1.0, turns=3, tool_calls=4, dropped=2),
+        _outcome(1.0, turns=3, tool_calls=4, dropped=2, resumed=3, cut=120),
         _outcome(0.0),
-        _outcome(1.0, turns=2),
+        _outcome(1.0, turns=2, resumed=1, cut=8),
         _outcome(None, reason="env_failed"),
     ]
 
@@ -221,6 +253,8 @@ def test_metrics_count_each_episode_once_whatever_its_samples():
     assert (metrics["turns_mean"], metrics["turns_p90"]) == (7 / 4, 3.0)
     assert (metrics["tool_calls_mean"], metrics["tool_calls_p90"]) == (1.0, 4.0)
     assert (metrics["dropped_tool_calls_mean"], metrics["dropped_tool_calls_p90"]) == (0.5, 2.0)
+    assert (metrics["resumed_calls_mean"], metrics["resumed_calls_p90"]) == (1.0, 3.0)
+    assert (metrics["cut_tokens_mean"], metrics["cut_tokens_p90"]) == (32.0, 120.0)
     assert metrics["env_s_mean"] == 2.0 and metrics["wall_s_mean"] == 3.5
 
 

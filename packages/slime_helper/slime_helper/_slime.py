@@ -48,6 +48,8 @@ class Slime:
     MetricGatherer: type
     RolloutFnTrainOutput: type
     parse_tool_uses: Callable[..., Any]
+    GenerateState: type
+    TrajectoryManager: type
 
 
 @functools.cache
@@ -71,6 +73,8 @@ def slime() -> Slime:
     gatherer = _find("slime.rollout.filter_hub.base_types", "MetricGatherer", missing)
     train_output = _find("slime.rollout.base_types", "RolloutFnTrainOutput", missing)
     parse_tool_uses = _find("slime.agent.parsing", "parse_tool_uses", missing)
+    generate_state = _find("slime.rollout.sglang_rollout", "GenerateState", missing)
+    trajectory_manager = _find("slime.agent.trajectory", "TrajectoryManager", missing)
     if trace_span is not None:
         missing += _lacking("slime.observability.trace_utils.trace_span", trace_span, ("target", "name", "attrs"))
     if log is not None:
@@ -94,6 +98,22 @@ def slime() -> Slime:
             f"{where}._build_reply",
             getattr(adapter, "_build_reply", None),
             ("parsed", "raw_finish", "translated", "tools_schema"),
+        )
+        missing += _lacking(
+            f"{where}._respond", getattr(adapter, "_respond", None), ("request", "body", "reply", "in_tok", "out_tok")
+        )
+        missing += _lacking(
+            f"{where}._run_debug_callback",
+            getattr(adapter, "_run_debug_callback", None),
+            ("sid", "translated", "tools_schema", "manager_message", "turn"),
+        )
+    if trajectory_manager is not None:
+        where = "slime.agent.trajectory.TrajectoryManager"
+        missing += _lacking(where, trajectory_manager, ("fork_threshold_tokens",))
+        missing += _lacking(
+            f"{where}.record_turn",
+            getattr(trajectory_manager, "record_turn", None),
+            ("sid", "turn", "prompt_messages", "response_message", "metadata"),
         )
     for where, function in (
         ("slime.rollout.sglang_rollout.generate_rollout", rollout),
@@ -156,6 +176,8 @@ def slime() -> Slime:
         gatherer,
         train_output,
         parse_tool_uses,
+        generate_state,
+        trajectory_manager,
     )
 
 

@@ -19,7 +19,8 @@ OpenAI's 400 ``context_length_exceeded``, recording nothing, where slime's adapt
 at ``length``, so ``chat_core`` cuts the episode short flagged ``context_exhausted``. A reply SGLang aborted or cut
 at its token limit reaches the client with finish reason ``abort`` or ``length`` (slime's adapter says ``stop``
 for the first and ``tool_calls`` for a cut reply holding a call), so ``chat_core`` ends the episode flagged
-``reply_aborted`` or ``response_limit``.
+``reply_aborted`` or ``response_limit``, unless a weight update cut it: then the client is asked to send
+the chat again and the reply goes on from the cut (``resume``).
 """
 
 from __future__ import annotations
@@ -39,9 +40,18 @@ from chat_core.record.filters import require_filter
 
 from slime_helper._slime import slime
 from slime_helper.chat_template import ChatTemplate
-from slime_helper.errors import MissingEpisodeNormalization, MissingToolParser, UnappendableChat
+from slime_helper.errors import MissingEpisodeNormalization, MissingToolParser, PartialRolloutRefused, UnappendableChat
 from slime_helper.filters import FILTERS
 from slime_helper.renderer import AppendOnlyRenderer, Unappendable
+from slime_helper.resume import (
+    ASK_AGAIN,
+    Resumed,
+    ResumePolicy,
+    Resumes,
+    ResumingTokenizer,
+    ask_again_answer,
+    resuming_manager,
+)
 from slime_helper.rewards import normalizes_per_group
 from slime_helper.tokenizers import (
     AppendOnlyTokenizer,
@@ -66,7 +76,8 @@ class AdapterService:
     normalises rewards per prompt group without ``--custom-reward-post-process-path``, UnreadableToolCalls when
     that parser doesn't read the tool calls the model's chat template writes, UnappendableChat when
     ``episode_append_only_chat`` is true and the template can't be rendered append-only, UnsupportedSlime when slime
-    lacks what it uses, and ValueError when ``episode_append_only_chat`` isn't true or false."""
+    lacks what it uses, PartialRolloutRefused with ``--partial-rollout``, and ValueError when
+    ``episode_append_only_chat`` isn't true or false."""
 
     _current: ClassVar[AdapterService | None] = None
 
@@ -87,6 +98,14 @@ class AdapterService:
                 f"normalize_per_episode with --advantage-estimator {args.advantage_estimator} and rewards "
                 "normalisation on: an episode comes back as several samples, and slime's own normalisation would "
                 "then take one group over the whole batch and count a long episode once per sample"
+            )
+        if getattr(args, "partial_rollout", False):
+            raise PartialRolloutRefused(
+                "slime_helper can't take --partial-rollout: an episode plays in an env session that ends with its "
+                "rollout, so a partial sample can't go on in a later one (and slime's abort() reads sample.response "
+                "of each episode, which slime_helper returns as a list of samples). Leave it out: under "
+                "train_async.py with --rollout-function-path slime_helper.generate_rollout_fully_async, a model "
+                "call that a weight update cuts goes on from where it was cut, in the same env session"
             )
         append_only = getattr(args, APPEND_ONLY_SETTING, None)
         if append_only is not None and not isinstance(append_only, bool):
@@ -130,10 +149,12 @@ class AdapterService:
         if current is not None:
             current._app.stop()
 
-    def open_session(self, sid: str, sampling_defaults: Mapping[str, Any]) -> None:
-        """Open session ``sid`` on the adapter, whose SGLang requests start from ``sampling_defaults``."""
+    def open_session(self, sid: str, sampling_defaults: Mapping[str, Any], resume: ResumePolicy | None = None) -> None:
+        """Open session ``sid`` on the adapter, whose SGLang requests start from ``sampling_defaults`` and whose model
+        calls a weight update cuts are asked again as ``resume`` says (without one, a cut reply reaches the client as
+        an abort)."""
         self.adapter.open_session(
-            sid, sampling_defaults=dict(sampling_defaults), max_context_tokens=self._max_context_tokens
+            sid, sampling_defaults=dict(sampling_defaults), max_context_tokens=self._max_context_tokens, resume=resume
         )
 
     def chat(self, sid: str) -> ChatEndpoint:
@@ -144,6 +165,10 @@ class AdapterService:
         """The chat template's error on the chat of open session ``sid``, which the adapter answered with a 400;
         None while the template has rendered every turn."""
         return self.adapter.template_failure(sid)
+
+    def resumed(self, sid: str) -> Resumed:
+        """What weight updates did to open session ``sid``'s model calls so far."""
+        return self.adapter.resumes.of(sid)
 
 
 def _tokenizer(
@@ -200,12 +225,16 @@ def _episode_adapter(openai_adapter: type) -> type:
         records the reply's reasoning as the client gets it back and every tool call of the reply, answers a chat
         its template can't render with a 400 naming the template's error, kept as the session's
         ``template_failure``, and a prompt that fills the context with OpenAI's 400, and tells the client when
-        SGLang aborted or cut the reply."""
+        SGLang aborted or cut the reply. A reply a weight update cut is answered with a 503 instead, and the chat
+        sent again goes on from the cut (``resumes``, with slime's ``TrajectoryManager`` subclassed to record the cut
+        and the rest as one turn)."""
 
         def __init__(self, *, tokenizer: Any, **kwargs: Any):
             self._appended = tokenizer if isinstance(tokenizer, AppendOnlyTokenizer) else None
             recorded = self._appended.record if self._appended is not None else None
-            super().__init__(tokenizer=tokenizer, debug_callback=recorded, **kwargs)
+            self.resumes = Resumes()
+            super().__init__(tokenizer=ResumingTokenizer(tokenizer, self.resumes), debug_callback=recorded, **kwargs)
+            self.manager = resuming_manager(self.resumes, kwargs.get("fork_threshold_tokens"))
             self._template_failures: dict[str, str | None] = {}
             self.app.middlewares.append(self._answer_refused_turns)
 
@@ -223,9 +252,11 @@ def _episode_adapter(openai_adapter: type) -> type:
         def template_failure(self, sid: str) -> str | None:
             return self._template_failures.get(sid)
 
-        def open_session(self, sid: str, **kwargs: Any) -> None:
+        def open_session(self, sid: str, *, resume: ResumePolicy | None = None, **kwargs: Any) -> None:
             super().open_session(sid, **kwargs)
             self._template_failures[sid] = None
+            if resume is not None:
+                self.resumes.open(sid, resume, (kwargs.get("sampling_defaults") or {}).get("max_new_tokens"))
             if self._appended is not None:
                 self._appended.open(sid)
 
@@ -243,12 +274,14 @@ def _episode_adapter(openai_adapter: type) -> type:
 
         def _forget(self, sid: str) -> None:
             self._template_failures.pop(sid, None)
+            self.resumes.forget(sid)
             if self._appended is not None:
                 self._appended.forget(sid)
 
         def _session_id(self, request: Any, body: dict) -> str:
             sid = super()._session_id(request, body)
             turn_session.set(sid)
+            self.resumes.shorten(sid, body, self.max_token_keys)
             return sid
 
         def _build_reply(self, parsed: Any, raw_finish: str, translated: list, tools_schema: Any) -> Any:
@@ -262,12 +295,26 @@ def _episode_adapter(openai_adapter: type) -> type:
             # when they send the reply back); chat_core sends back every one, so the recorded turn holds them all.
             if len(parsed.tool_uses) > 1:
                 reply.wire[0]["tool_calls"], reply.manager_message["tool_calls"] = _every_call(parsed.tool_uses)
-            # slime's adapter answers a generation SGLang aborted (its engines paused for a weight update, or any
-            # abort) with finish reason stop, and one cut at its token limit holding a call with tool_calls, so the
-            # episode would play on from the cut reply as if it were whole.
+            # A generation a weight update cut is asked again (resume). slime's adapter answers any other abort with
+            # finish reason stop, and one cut at its token limit holding a call with tool_calls, so the episode would
+            # play on from the cut reply as if it were whole.
+            if raw_finish == "abort" and self.resumes.asks_again(turn_session.get()):
+                reply.wire = ASK_AGAIN
+                return reply
             if raw_finish in ("abort", "length"):
                 reply.wire = (reply.wire[0], raw_finish)
             return reply
+
+        async def _respond(self, request: Any, body: dict, reply: Any, *args: Any) -> web.StreamResponse:
+            if reply.wire is ASK_AGAIN:
+                sid = turn_session.get() or ""
+                return ask_again_answer(sid, self.resumes.of(sid))
+            return await super()._respond(request, body, reply, *args)
+
+        def _run_debug_callback(self, sid: str, *args: Any) -> None:
+            # The turn a weight update cut is not held: the chat sent again renders as the one before it.
+            if not self.resumes.cutting(sid):
+                super()._run_debug_callback(sid, *args)
 
     return EpisodeAdapter
 

@@ -1,4 +1,5 @@
-"""Why the helper refuses to start: every refusal is a ``SlimeSetupError`` whose message says what to change."""
+"""Why the helper refuses to start (every refusal is a ``SlimeSetupError`` whose message says what to change), or to
+go on (``RolloutStarved``)."""
 
 
 class SlimeSetupError(Exception):
@@ -34,6 +35,11 @@ class FullyAsyncEvaluation(SlimeSetupError):
     semaphore, which works on one event loop, so the eval must run on the loop the worker plays its episodes on."""
 
 
+class PartialRolloutRefused(SlimeSetupError):
+    """slime was launched with ``--partial-rollout``: an episode's env session ends with its rollout, so a partial
+    sample can't go on in a later one."""
+
+
 class UnreadableToolCalls(SlimeSetupError):
     """``--sglang-tool-call-parser`` doesn't read the tool calls the model's chat template writes, so every tool call
     would reach the env as text."""
@@ -41,3 +47,8 @@ class UnreadableToolCalls(SlimeSetupError):
 
 class UnappendableChat(SlimeSetupError):
     """``episode_append_only_chat: true`` was set, but the model's chat template can't be rendered append-only."""
+
+
+class RolloutStarved(RuntimeError):
+    """slime's fully-async rollout drew ``fully_async_max_drawn_batches`` batches' worth of groups and the dynamic
+    filter kept too few of them; the message counts the drops by reason and says what to do."""

@@ -10,15 +10,20 @@ Episode bounds are chat_core's defaults unless slime's ``--custom-config-path`` 
 ``episode_env_servers``, a list of URLs, names the pool of env servers that plays the rows (``chat_core.env.pool``);
 ``episode_append_only_chat`` overrides the rendering the helper picks from the chat template (``false``: each
 turn's whole chat; ``true``: append-only, which makes an episode one sample, or a refusal to start;
-``slime_helper.adapter``).
+``slime_helper.adapter``); ``episode_max_resumed_calls`` bounds how many of an episode's model calls a weight update
+may cut and have asked again (``slime_helper.resume``).
 
 Per sample: open a session on the process's adapter → play the row's episode through it (``chat_core.play``) →
 ``finish_session``: the turns the adapter recorded, as samples carrying the episode's reward, so slime runs no
-reward model. An eval drops the session and returns one sample per episode, and so does an episode whose reply
-SGLang aborted (status ABORTED, which slime's fully-async worker plays again). Under
-``slime_helper.generate_rollout_fully_async`` an episode is one sample, not a list. The episode's spans go on the
+reward model. A model call a weight update cuts goes on from the cut (``slime_helper.resume``), the episode playing
+on. An eval drops the session and returns one sample per episode, and so does an episode whose reply SGLang aborted
+while slime's rollout was over (status ABORTED, which slime's fully-async worker plays again) or that a weight update
+cut past ``episode_max_resumed_calls`` (FAILED, flagged ``resume_limit``). Under
+``slime_helper.generate_rollout_fully_async`` an episode is one sample, not a list, and an episode that raises comes
+back as one flagged ``episode_raised``, since slime's worker would only log it. The episode's spans go on the
 sample's trace as they happen, and its outcome (``chat_core.EpisodeOutcome``) into every sample's metadata, with a
-``chat_template_failed`` flag with the template's message where the chat template couldn't render the chat.
+``chat_template_failed`` flag with the template's message where the chat template couldn't render the chat, and the
+model calls asked again after a weight update cut them.
 """
 
 from __future__ import annotations
@@ -27,14 +32,16 @@ import logging
 import uuid
 from argparse import Namespace
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from chat_core import OUTCOME_KEY, EpisodeOutcome, EpisodeResult, Flag, FlagKind, Limits, play
 
 from slime_helper._slime import slime
 from slime_helper.adapter import AdapterService
-from slime_helper.fully_async import note_worker_loop, takes_one_sample_per_episode
+from slime_helper.fully_async import LAUNCH_FAULTS, note_launch_fault, note_worker_loop, takes_one_sample_per_episode
 from slime_helper.observability import SampleTrace
+from slime_helper.resume import Resumed, ResumePolicy, max_resumed_calls
 
 logger = logging.getLogger(__name__)
 _LIMIT_SETTINGS = {
@@ -70,27 +77,49 @@ async def generate(
     whole episode when the chat is rendered append-only; a sample per turn when the chat template re-renders earlier
     turns differently, as Qwen3's own does with thinking off), each with the episode's reward (0.0 when it has
     none), the base sample's trace and, in ``metadata``, the row's metadata plus the episode's outcome under
-    ``chat_core.OUTCOME_KEY``. An episode comes back instead as one placeholder sample with nothing to train
-    (``remove_sample``) when SGLang aborted one of its replies (status ABORTED, flagged ``reply_aborted``: slime's
-    fully-async worker plays its group again), when no turn was recorded (status FAILED), and under the fully-async
-    rollout when the adapter recorded it as several samples (FAILED, flagged ``episode_split``). In an eval
-    (``evaluation=True``) the session is dropped and the episode comes back as one sample holding its reward with
-    nothing to train, since slime's eval averages over samples.
+    ``chat_core.OUTCOME_KEY``. A model call a weight update cut is asked again and goes on from the cut, the episode
+    playing on in its env session. An episode comes back instead as one placeholder sample with nothing to train
+    (``remove_sample``) when SGLang aborted one of its replies while slime's rollout was over (status ABORTED, flagged
+    ``reply_aborted``: slime's fully-async worker plays its group again), when a weight update cut more of its model
+    calls than ``episode_max_resumed_calls`` (FAILED, flagged ``resume_limit``), when no turn was recorded (status
+    FAILED), and under the fully-async rollout when the adapter recorded it as several samples (FAILED, flagged
+    ``episode_split``) or when it raised (FAILED, flagged ``episode_raised``; a fault of the launch is also noted for
+    ``generate_rollout_fully_async`` to raise). In an eval (``evaluation=True``) the session is dropped and the
+    episode comes back as one sample holding its reward with nothing to train, since slime's eval averages over
+    samples.
 
     Raises MissingToolParser without ``--sglang-tool-call-parser``, chat_core's MissingFilter unless
     ``--dynamic-sampling-filter-path`` names one of this helper's filters, MissingEpisodeNormalization without
     ``--custom-reward-post-process-path`` where slime normalises rewards per group, UnreadableToolCalls and
     UnappendableChat where the chat template and the launch don't fit (``AdapterService``), UnfilteredFullyAsync
-    under slime's fully-async worker named directly, UnsupportedSlime when slime lacks what the helper uses, and
-    ValueError when the sample's metadata isn't a row's or ``episode_append_only_chat`` isn't true or false. When
-    cancelled, drops the session, closes the episode without running its verifiers and re-raises."""
-    api = slime()
+    under slime's fully-async worker named directly, UnsupportedSlime when slime lacks what the helper uses,
+    PartialRolloutRefused with ``--partial-rollout``, and ValueError when the sample's metadata isn't a row's or a
+    setting is out of range; a training episode under ``generate_rollout_fully_async`` raises none of these but comes
+    back flagged ``episode_raised``. When cancelled, drops the session, closes the episode without running its
+    verifiers and re-raises."""
     one_per_episode = takes_one_sample_per_episode(args)
-    if one_per_episode and not evaluation:
-        note_worker_loop()
+    if evaluation or not one_per_episode:
+        return await _played(args, sample, sampling_params, evaluation, one_per_episode)
+    note_worker_loop()
+    try:
+        return await _played(args, sample, sampling_params, evaluation, one_per_episode)
+    except Exception as raised:  # slime's worker would only log it, and wait for the group forever
+        return _raised(sample, raised)
+
+
+async def _played(
+    args: Namespace, sample: Any, sampling_params: dict[str, Any], evaluation: bool, one_per_episode: bool
+) -> list | Any:
+    """The episode of ``sample`` played and returned as ``generate`` says, raising as it says."""
+    api = slime()
     service = AdapterService.of(args)
+    state = api.GenerateState(args)
     sid = f"slime-helper-{uuid.uuid4().hex}"
-    service.open_session(sid, {key: value for key, value in sampling_params.items() if value is not None})
+    service.open_session(
+        sid,
+        {key: value for key, value in sampling_params.items() if value is not None},
+        ResumePolicy(max_resumed_calls(args), rollout_over=lambda: state.aborted),
+    )
     try:
         result = await play(
             sample.metadata,
@@ -102,14 +131,17 @@ async def generate(
         )
         if (failure := service.template_failure(sid)) is not None:
             result.flags = [_template_flag(flag, failure) for flag in result.flags]
+        resumed = service.resumed(sid)
+        if resumed.limit is not None:
+            result.flags = [_limit_flag(flag, resumed.limit) for flag in result.flags]
         aborted = any(flag.kind == FlagKind.REPLY_ABORTED for flag in result.flags)
         played = []
-        if not evaluation and not aborted:
+        if not evaluation and not aborted and resumed.limit is None:
             played = await service.adapter.finish_session(
                 sid,
                 base_sample=sample,
                 reward=_reward_of(result),
-                extra_metadata=_metadata(sample, EpisodeOutcome.of(result)),
+                extra_metadata=_metadata(sample, _outcome(result, resumed)),
             )
             if one_per_episode and len(played) > 1:
                 result.flags.append(Flag(FlagKind.EPISODE_SPLIT, _split_message(len(played))))
@@ -120,7 +152,7 @@ async def generate(
         if not played:
             status = api.Sample.Status
             placeholder = status.COMPLETED if evaluation else status.ABORTED if aborted else status.FAILED
-            played = [_untrained(sample, result, EpisodeOutcome.of(result), placeholder)]
+            played = [_untrained(sample, _reward_of(result), _outcome(result, resumed), placeholder)]
         if not result.scored:
             logger.warning(
                 "%s episode %s is unscored: %s",
@@ -150,6 +182,29 @@ def _reward_of(result: EpisodeResult) -> float:
     return result.reward if result.scored else 0.0
 
 
+def _outcome(result: EpisodeResult, resumed: Resumed) -> EpisodeOutcome:
+    """The episode's outcome, with the model calls ``resumed`` after a weight update cut them."""
+    return replace(EpisodeOutcome.of(result), resumed_calls=resumed.calls, cut_tokens=resumed.cut_tokens)
+
+
+def _limit_flag(flag: Flag, limit: str) -> Flag:
+    """``flag``, or, for the abort that a weight update cut past ``episode_max_resumed_calls`` ended the episode
+    with, why it ended there."""
+    return Flag(FlagKind.RESUME_LIMIT, limit) if flag.kind == FlagKind.REPLY_ABORTED else flag
+
+
+def _raised(sample: Any, raised: Exception) -> Any:
+    """The placeholder of an episode that raised ``raised`` under slime's fully-async worker, flagged
+    ``episode_raised``, so that its group reaches the rollout function, which raises a fault of the launch (noted
+    here) and drops the group otherwise."""
+    logger.error("train episode of sample %s raised; it is flagged episode_raised", sample.index, exc_info=raised)
+    if isinstance(raised, LAUNCH_FAULTS):
+        note_launch_fault(raised)
+    message = f"the episode raised {type(raised).__name__}: {raised}"
+    outcome = EpisodeOutcome.unplayed(FlagKind.EPISODE_RAISED, message)
+    return _untrained(sample, 0.0, outcome, slime().Sample.Status.FAILED)
+
+
 def _template_flag(flag: Flag, failure: str) -> Flag:
     """``flag``, or, for the chat endpoint's refusal of a chat the template couldn't render, the template's
     ``failure``."""
@@ -168,15 +223,15 @@ def _split_message(samples: int) -> str:
     )
 
 
-def _untrained(sample: Any, result: EpisodeResult, outcome: EpisodeOutcome, status: Any) -> Any:
-    """``sample`` as one placeholder token with nothing to train, holding the episode's reward and flags: slime's
+def _untrained(sample: Any, reward: float, outcome: EpisodeOutcome, status: Any) -> Any:
+    """``sample`` as one placeholder token with nothing to train, holding the episode's ``reward`` and flags: slime's
     own agent examples shape their eval and aborted samples this way."""
     sample.tokens = [0, 0]
     sample.response = ""
     sample.response_length = 1
     sample.loss_mask = [0]
     sample.rollout_log_probs = [0.0]
-    sample.reward = _reward_of(result)
+    sample.reward = reward
     sample.remove_sample = True
     sample.status = status
     sample.metadata = _metadata(sample, outcome)

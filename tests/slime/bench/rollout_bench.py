@@ -69,8 +69,8 @@ def serve_sglang(checkpoint: Path, port_file: Path) -> None:
     from slime.utils.processing_utils import load_tokenizer
 
     class Unterminated(StandInSGLang):
-        def _answered(self, reply: Any, body: dict[str, Any], routing_key: str) -> dict[str, Any]:
-            generated = super()._answered(reply, body, routing_key)
+        def _answered(self, reply: Any, body: dict[str, Any], *placed: Any) -> dict[str, Any]:
+            generated = super()._answered(reply, body, *placed)
             meta = generated["meta_info"]
             meta["output_token_logprobs"] = meta["output_token_logprobs"][:-1]
             generated["output_ids"] = generated["output_ids"][:-1]

@@ -32,8 +32,10 @@ class EpisodeOutcome:
     ``dropped_tool_calls``: tool calls the model made that were answered "not run" (past
     ``Limits.max_tool_calls_per_turn``, or after an ``end_turn`` in the same reply; in records written before every
     call reached the env, those slime's adapter didn't pass on). ``tool_answers_cut``: tool answers cut to
-    ``Limits.max_tool_answer_chars``; ``tool_answer_bytes_cut``: what was cut of them, in UTF-8 bytes. A field added
-    after a record was written reads 0 there."""
+    ``Limits.max_tool_answer_chars``; ``tool_answer_bytes_cut``: what was cut of them, in UTF-8 bytes.
+    ``resumed_calls``: model calls the trainer cut to update its weights that were asked again, the episode playing
+    on; ``cut_tokens``: the tokens those calls had generated when cut, which the reply went on from (both a helper's
+    count). A field added after a record was written reads 0 there."""
 
     reward: float | None
     scored: bool
@@ -53,6 +55,8 @@ class EpisodeOutcome:
     dropped_tool_calls: int = 0
     tool_answers_cut: int = 0
     tool_answer_bytes_cut: int = 0
+    resumed_calls: int = 0
+    cut_tokens: int = 0
 
     @classmethod
     def of(cls, result: EpisodeResult) -> EpisodeOutcome:
@@ -82,7 +86,13 @@ class EpisodeOutcome:
     @classmethod
     def aborted(cls, message: str) -> EpisodeOutcome:
         """The outcome of an episode the trainer cut short before it ended: unscored, flagged ``rollout_aborted``."""
-        flag = Flag(FlagKind.ROLLOUT_ABORTED, message)
+        return cls.unplayed(FlagKind.ROLLOUT_ABORTED, message)
+
+    @classmethod
+    def unplayed(cls, kind: FlagKind, message: str) -> EpisodeOutcome:
+        """The outcome of an episode that ended, as ``message`` says, before anything of it was recorded: unscored,
+        flagged ``kind`` (a fatal one)."""
+        flag = Flag(kind, message)
         return cls(None, False, str(flag.kind), (flag,), 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, False, None)
 
     def to_metadata(self) -> dict[str, Any]:

@@ -29,8 +29,9 @@ class FlagKind(StrEnum):
       ``Limits.max_chat_answer_bytes``, an unreadable reply (429, 502, 503, 504 and refused connections only once
       retrying them would pass the model deadline).
     - ``reply_aborted``: the model's server aborted a reply while generating it (finish reason ``abort``, as SGLang
-      answers when the trainer pauses or aborts its engines, e.g. to update weights); the episode ends there rather
-      than play on from a cut reply.
+      answers when the trainer pauses or aborts its engines); the episode ends there rather than play on from a cut
+      reply. slime's helper asks a model call that a weight update cut again instead, so there it means the
+      trainer's rollout was over.
     - ``no_reward``: the env ended the episode without a reward.
     - ``model_deadline``: the model took longer than ``Limits.model_deadline_s`` in all.
     - ``turn_limit``: the env opened more turns than ``Limits.max_turns``.
@@ -48,6 +49,12 @@ class FlagKind(StrEnum):
     - ``chat_template_failed``: the model's chat template raised on the episode's chat, so the turn never reached
       the model; the message is the template's (a helper's flag, in place of the ``session_failed`` its chat
       endpoint's refusal raised).
+    - ``resume_limit``: the trainer updated the weights in the middle of more of the episode's model calls than the
+      helper asks again (slime's ``episode_max_resumed_calls``), so the episode ended at the last cut rather than
+      grow staler (a helper's flag, in place of the ``reply_aborted`` of that cut).
+    - ``episode_raised``: the episode raised where it should have ended in a flag (a fault of the trainer helper, the
+      trainer or the row); the message names the exception (a helper's flag, where the trainer's rollout would only
+      log it).
 
     Cutting an episode short (``CUT_SHORT``), fatal unless ``Limits.score_cut_short`` has the env score the episode
     as it stands (each flag says which, ``Flag.fatal``):
@@ -77,6 +84,8 @@ class FlagKind(StrEnum):
     CHAT_TEMPLATE_FAILED = "chat_template_failed"
     CONTEXT_EXHAUSTED = "context_exhausted"
     RESPONSE_LIMIT = "response_limit"
+    RESUME_LIMIT = "resume_limit"
+    EPISODE_RAISED = "episode_raised"
 
 
 CUT_SHORT = frozenset({FlagKind.CONTEXT_EXHAUSTED, FlagKind.RESPONSE_LIMIT})
