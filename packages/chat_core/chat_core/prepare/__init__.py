@@ -13,6 +13,6 @@ __all__ = ["write_rows"]
 def __getattr__(name: str) -> Any:
     if name != "write_rows":
         raise AttributeError(f"module 'chat_core.prepare' has no attribute {name!r}")
-    from chat_core.prepare import write_rows
+    from chat_core.prepare.write import write_rows
 
     return write_rows
