@@ -93,6 +93,24 @@ def test_a_record_written_before_dropped_tool_calls_were_counted_reads_0():
     assert EpisodeOutcome.from_metadata({OUTCOME_KEY: metadata}).dropped_tool_calls == 0
 
 
+def test_a_record_written_before_turns_not_appended_were_counted_reads_0():
+    metadata = _outcome(1.0).to_metadata()
+    del metadata["turns_not_appended"]
+
+    assert EpisodeOutcome.from_metadata({OUTCOME_KEY: metadata}).turns_not_appended == 0
+
+
+def test_a_turn_not_appended_or_not_recorded_is_flagged_without_leaving_the_episode_unscored():
+    flags = (
+        Flag(FlagKind.TURN_NOT_APPENDED, "model call 3's prompt couldn't be appended"),
+        Flag(FlagKind.TURN_NOT_RECORDED, "model call 2's turn couldn't be held"),
+    )
+    outcome = replace(_outcome(1.0), flags=flags, turns_not_appended=1)
+
+    assert not any(flag.fatal for flag in flags) and outcome.scored
+    assert EpisodeOutcome.from_metadata(json.loads(json.dumps({OUTCOME_KEY: outcome.to_metadata()}))) == outcome
+
+
 def test_tool_calls_an_endpoint_dropped_are_flagged_without_leaving_the_episode_unscored():
     flag = Flag(FlagKind.TOOL_CALLS_DROPPED, "reply 1 made 2 tool calls")
     outcome = replace(_outcome(1.0), flags=(flag,), dropped_tool_calls=1)
@@ -126,7 +144,15 @@ def test_something_else_under_the_outcome_key_is_refused():
         EpisodeOutcome.from_metadata({OUTCOME_KEY: {"reward": 1.0}})
 
 
-def _outcome(reward: float | None, *, turns: int = 1, tool_calls: int = 0, reason: str | None = None, dropped: int = 0):
+def _outcome(
+    reward: float | None,
+    *,
+    turns: int = 1,
+    tool_calls: int = 0,
+    reason: str | None = None,
+    dropped: int = 0,
+    not_appended: int = 0,
+):
     return EpisodeOutcome(
         reward=reward,
         scored=reason is None and reward is not None,
@@ -143,6 +169,7 @@ def _outcome(reward: float | None, *, turns: int = 1, tool_calls: int = 0, reaso
         truncated=False,
         env_server=None,
         dropped_tool_calls=dropped,
+        turns_not_appended=not_appended,
     )
 
 
@@ -161,7 +188,7 @@ def test_the_filters_drop_unscored_and_same_reward_groups_with_distinct_reasons(
 
 def test_metrics_count_each_episode_once_whatever_its_samples():
     outcomes = [
-        _outcome(1.0, turns=3, tool_calls=4, dropped=2),
+        _outcome(1.0, turns=3, tool_calls=4, dropped=2, not_appended=1),
         _outcome(0.0),
         _outcome(1.0, turns=2),
         _outcome(None, reason="env_failed"),
@@ -177,6 +204,7 @@ def test_metrics_count_each_episode_once_whatever_its_samples():
     assert (metrics["turns_mean"], metrics["turns_p90"]) == (7 / 4, 3.0)
     assert (metrics["tool_calls_mean"], metrics["tool_calls_p90"]) == (1.0, 4.0)
     assert (metrics["dropped_tool_calls_mean"], metrics["dropped_tool_calls_p90"]) == (0.5, 2.0)
+    assert (metrics["turns_not_appended_mean"], metrics["turns_not_appended_p90"]) == (0.25, 1.0)
     assert metrics["env_s_mean"] == 2.0 and metrics["wall_s_mean"] == 3.5
 
 

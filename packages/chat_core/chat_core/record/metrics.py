@@ -27,7 +27,8 @@ def episode_metrics(outcomes: Sequence[EpisodeOutcome], samples: Sequence[int]) 
       share of scored episodes earning 0), ``scored_share``;
     - ``unscored_share/<kind>``: the share of episodes left unscored for each reason;
     - ``truncated_share``: the share of episodes with a reply cut by the token limit;
-    - ``turns``, ``tool_calls``, ``tool_errors``, ``dropped_tool_calls``: ``…_mean`` and ``…_p90`` per episode;
+    - ``turns``, ``tool_calls``, ``tool_errors``, ``dropped_tool_calls``, ``turns_not_appended``: ``…_mean`` and
+      ``…_p90`` per episode;
     - ``env_s_mean``, ``model_s_mean``, ``capacity_wait_s_mean``, ``wall_s_mean``: seconds per episode.
 
     Raises ValueError when there are no episodes or the sample counts don't match them."""
@@ -46,7 +47,7 @@ def episode_metrics(outcomes: Sequence[EpisodeOutcome], samples: Sequence[int]) 
         metrics["zero_reward_share"] = sum(reward == 0 for reward in rewards) / len(rewards)
     for reason, count in Counter(outcome.reason for outcome in outcomes if not outcome.scored).items():
         metrics[f"unscored_share/{reason}"] = count / episodes
-    for name in ("turns", "tool_calls", "tool_errors", "dropped_tool_calls"):
+    for name in ("turns", "tool_calls", "tool_errors", "dropped_tool_calls", "turns_not_appended"):
         values = [getattr(outcome, name) for outcome in outcomes]
         metrics[f"{name}_mean"] = statistics.fmean(values)
         metrics[f"{name}_p90"] = _p90(values)

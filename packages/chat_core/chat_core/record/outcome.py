@@ -29,7 +29,8 @@ class EpisodeOutcome:
     requests sent again after a transient failure (0 in a record written before it was counted).
     ``dropped_tool_calls``: tool calls the model made that the trainer's chat endpoint didn't pass on (flagged
     ``tool_calls_dropped``; a helper counts them, ``of`` can't, and a record written before they were counted
-    reads 0)."""
+    reads 0). ``turns_not_appended``: turns whose prompt couldn't be appended to the tokens of the turn before
+    (flagged ``turn_not_appended``; a helper's count, 0 in a record written before it was counted)."""
 
     reward: float | None
     scored: bool
@@ -47,6 +48,7 @@ class EpisodeOutcome:
     env_server: str | None
     model_retries: int = 0
     dropped_tool_calls: int = 0
+    turns_not_appended: int = 0
 
     @classmethod
     def of(cls, result: EpisodeResult) -> EpisodeOutcome:

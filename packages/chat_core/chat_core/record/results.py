@@ -21,6 +21,12 @@ class FlagKind(StrEnum):
     - ``tool_calls_dropped``: a reply made several tool calls and the trainer's chat endpoint passed on only some
       of them, so the env never ran the others, though the model is trained on them (a helper's flag: ``play``
       sees only the calls passed on).
+    - ``turn_not_appended``: a turn's prompt couldn't be appended to the tokens of the turn before, so the trainer's
+      chat endpoint rendered its whole chat, and the trainer may have started a new sample of the episode there
+      (a helper's flag; slime's fully-async rollout, which takes one sample per episode, also flags the episode
+      ``episode_split`` when it did).
+    - ``turn_not_recorded``: the helper failed to hold a turn the trainer recorded for the next turn's prompt, so
+      the next turn couldn't be appended (a helper's flag; the trainer only logs the failure).
 
     Fatal (in ``FATAL``), leaving the episode unscored:
 
@@ -67,6 +73,8 @@ class FlagKind(StrEnum):
     ROLLOUT_ABORTED = "rollout_aborted"
     EPISODE_SPLIT = "episode_split"
     CHAT_TEMPLATE_FAILED = "chat_template_failed"
+    TURN_NOT_APPENDED = "turn_not_appended"
+    TURN_NOT_RECORDED = "turn_not_recorded"
 
 
 FATAL = frozenset(FlagKind) - {
@@ -74,6 +82,8 @@ FATAL = frozenset(FlagKind) - {
     FlagKind.TOOL_CALL_LIMIT,
     FlagKind.REPLY_TRUNCATED,
     FlagKind.TOOL_CALLS_DROPPED,
+    FlagKind.TURN_NOT_APPENDED,
+    FlagKind.TURN_NOT_RECORDED,
 }
 
 
