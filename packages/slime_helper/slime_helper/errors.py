@@ -41,3 +41,8 @@ class UnreadableToolCalls(SlimeSetupError):
 
 class UnappendableChat(SlimeSetupError):
     """``episode_append_only_chat: true`` was set, but the model's chat template can't be rendered append-only."""
+
+
+class UnsupportedTransformers(SlimeSetupError):
+    """The installed transformers renders chat templates otherwise than the helper's checks need: it leaves a
+    message's None-valued keys out, and the model's template writes tool calls only when a reply's content is None."""
