@@ -6,16 +6,21 @@ It is built on the first rollout from slime's launch flags (tokenizer from ``--h
 ``http://{--sglang-router-ip}:{--sglang-router-port}``), served on loopback by a thread of its own, and cached on
 ``AdapterService`` itself rather than through slime's internals; ``AdapterService.reset()`` stops it.
 
-At start the helper probes the tokenizer's chat template: the tool-call parser must read a call the template writes
-(``tool_parser``), and, unless the ``--custom-config-path`` YAML sets ``episode_append_only_chat: false``, each
-session is rendered append-only (``renderer``, ``tokenizers``) when the template can render what a turn adds after a
-reply, so an episode comes back as one sample; the start log says which rendering the launch uses. The adapter is
-slime's own class with its hooks extended: each request's session is bound for the rendering, each recorded turn is
-held for the session's next one, the tool calls of a reply that slime's adapter doesn't pass on (all but the first)
-are kept per session (``AdapterService.dropped_tool_calls``), and a chat the template can't render is answered with
-a 400 naming the template's error, kept per session (``AdapterService.template_failure``), instead of slime's 500;
-and a reply SGLang aborted reaches the client with finish reason ``abort`` (slime's adapter would say ``stop``),
-so ``chat_core`` ends the episode flagged ``reply_aborted``.
+At start the helper probes the tokenizer's chat template: the tool-call parser must read back a call the template
+writes (``tool_parser``), and, unless the ``--custom-config-path`` YAML sets ``episode_append_only_chat: false``, each
+session is rendered append-only (``renderer``, ``tokenizers``) when probe episodes rendered so match the template's
+own render of their chats token for token, but for the differences ``template_match`` allows (``probe_episodes``),
+so an episode comes back as one sample; the start log says which rendering the launch uses, and which differences.
+The adapter is slime's own class with its hooks extended: each request's session is bound for the rendering, each
+recorded turn is held for the session's next one (a turn that fails to be held is kept per session,
+``AdapterService.unrecorded_turns``, as is a later turn that couldn't be appended, ``turns_not_appended``), the tool
+calls of a reply that slime's adapter doesn't pass on (all but the first) are kept per session
+(``AdapterService.dropped_tool_calls``), and a chat the template can't render is answered with a 400 naming the
+template's error, kept per session (``AdapterService.template_failure``), instead of slime's 500; and a reply SGLang
+aborted reaches the client with finish reason ``abort`` (slime's adapter would say ``stop``), so ``chat_core`` ends
+the episode flagged ``reply_aborted``. slime's trajectory manager is built with ``fork_threshold_tokens=0``: a turn
+whose prompt doesn't extend the tokens the episode holds then starts a new sample, and is never REALIGNed into the
+old one with an earlier reply's training turned off.
 """
 
 from __future__ import annotations
@@ -36,9 +41,17 @@ from slime_helper._slime import slime
 from slime_helper.chat_template import ChatTemplate
 from slime_helper.errors import MissingEpisodeNormalization, MissingToolParser, UnappendableChat
 from slime_helper.filters import FILTERS
-from slime_helper.renderer import AppendOnlyRenderer, Unappendable
+from slime_helper.probe_episodes import proven_tokenizer
+from slime_helper.renderer import Unappendable
 from slime_helper.rewards import normalizes_per_group
-from slime_helper.tokenizers import AppendOnlyTokenizer, ChatTemplateFailed, WholeChatTokenizer, turn_session
+from slime_helper.template_match import ALLOWED_DIFFERENCES
+from slime_helper.tokenizers import (
+    AppendOnlyTokenizer,
+    ChatTemplateFailed,
+    TurnNotAppended,
+    WholeChatTokenizer,
+    turn_session,
+)
 from slime_helper.tool_parser import check_tool_parser
 
 logger = logging.getLogger(__name__)
@@ -84,14 +97,15 @@ class AdapterService:
             api.load_tokenizer(args.hf_checkpoint, trust_remote_code=True),
             dict(getattr(args, "apply_chat_template_kwargs", None) or {}),
         )
-        check_tool_parser(template, tool_parser)
+        reasoning_parser = getattr(args, "sglang_reasoning_parser", None) or None
+        check_tool_parser(template, tool_parser, reasoning_parser)
         tokenizer = _tokenizer(template, append_only, Path(args.hf_checkpoint).name)
         self.append_only = isinstance(tokenizer, AppendOnlyTokenizer)
         self.adapter = _episode_adapter(api.OpenAIAdapter)(
             tokenizer=tokenizer,
             sglang_url=f"http://{args.sglang_router_ip}:{args.sglang_router_port}",
             tool_parser=tool_parser,
-            reasoning_parser=getattr(args, "sglang_reasoning_parser", None) or None,
+            reasoning_parser=reasoning_parser,
         )
         self._max_context_tokens = int(getattr(args, "rollout_max_context_len", None) or 0)
         self._model = Path(args.hf_checkpoint).name
@@ -139,6 +153,15 @@ class AdapterService:
         None while the template has rendered every turn."""
         return self.adapter.template_failure(sid)
 
+    def turns_not_appended(self, sid: str) -> list[TurnNotAppended]:
+        """The later turns of open session ``sid`` whose prompt couldn't be appended to the tokens the turn before
+        held, so they were rendered whole (none unless the chat is rendered append-only)."""
+        return self.adapter.turns_not_appended(sid)
+
+    def unrecorded_turns(self, sid: str) -> list[str]:
+        """Why each turn of open session ``sid`` that the helper failed to hold for the next one wasn't."""
+        return self.adapter.unrecorded_turns(sid)
+
 
 @dataclass(frozen=True)
 class DroppedToolCalls:
@@ -166,6 +189,7 @@ class _SessionReplies:
     replies: int = 0
     dropped: list[DroppedToolCalls] = field(default_factory=list)
     template_failure: str | None = None
+    unrecorded: list[str] = field(default_factory=list)
 
 
 def _tokenizer(template: ChatTemplate, append_only: bool | None, model: str) -> WholeChatTokenizer:
@@ -183,7 +207,7 @@ def _tokenizer(template: ChatTemplate, append_only: bool | None, model: str) -> 
         )
         return WholeChatTokenizer(template)
     try:
-        renderer = AppendOnlyRenderer.of(template)
+        tokenizer, differences = proven_tokenizer(template)
     except Unappendable as why:
         if append_only:
             raise UnappendableChat(
@@ -197,15 +221,18 @@ def _tokenizer(template: ChatTemplate, append_only: bool | None, model: str) -> 
             why,
         )
         return WholeChatTokenizer(template)
+    named = "; ".join(f"{each.name} ({each.reason})" for each in ALLOWED_DIFFERENCES if each in differences)
     logger.info(
         "[slime_helper] chat rendering: append-only, from the chat template of %s%s: each turn is the tokens the "
         "last turn held, the reply as sampled, then what the turn adds as the template renders it, so an episode is "
-        "one sample (%s: false renders each turn's whole chat instead)",
+        "one sample (%s: false renders each turn's whole chat instead). Probe episodes match the template's own "
+        "render of their whole chats token for token%s",
         model,
         arguments,
         APPEND_ONLY_SETTING,
+        f", but for these differences: {named}" if named else "",
     )
-    return AppendOnlyTokenizer(renderer)
+    return tokenizer
 
 
 @functools.cache
@@ -217,15 +244,33 @@ def _episode_adapter(openai_adapter: type) -> type:
         (``tokenizers.turn_session``), hands each turn it records to an ``AppendOnlyTokenizer`` (through the
         adapter's ``debug_callback``, slime's one hook that sees a recorded turn's tokens), gives the turn it
         records the reply's reasoning as the client gets it back, keeps each open session's
-        ``dropped_tool_calls``, and answers a chat its template can't render with a 400 naming the template's
-        error, kept as the session's ``template_failure``, and tells the client when SGLang aborted the reply."""
+        ``dropped_tool_calls`` and ``unrecorded_turns``, and answers a chat its template can't render with a 400
+        naming the template's error, kept as the session's ``template_failure``, and tells the client when SGLang
+        aborted the reply. Its trajectory manager forks rather than REALIGNs (``fork_threshold_tokens=0``: slime
+        REALIGNs a turn whose prompt parts from the held tokens inside the last reply, when that reply is shorter than
+        the threshold, and turns the reply's training off)."""
 
         def __init__(self, *, tokenizer: Any, **kwargs: Any):
             self._appended = tokenizer if isinstance(tokenizer, AppendOnlyTokenizer) else None
-            recorded = self._appended.record if self._appended is not None else None
-            super().__init__(tokenizer=tokenizer, debug_callback=recorded, **kwargs)
+            recorded = self._held_for_next_turn if self._appended is not None else None
+            super().__init__(tokenizer=tokenizer, fork_threshold_tokens=0, debug_callback=recorded, **kwargs)
             self._replies: dict[str, _SessionReplies] = {}
             self.app.middlewares.append(self._answer_template_failures)
+
+        def _held_for_next_turn(self, sid: str, *recorded: Any) -> None:
+            """The turn slime records for session ``sid``, held by the append-only tokenizer; slime only logs what
+            its ``debug_callback`` raises, so a failure is also kept for the session's episode to be flagged."""
+            if self._appended is None:
+                return
+            try:
+                self._appended.record(sid, *recorded)
+            except Exception as failed:
+                if (replies := self._replies.get(sid)) is not None:
+                    replies.unrecorded.append(
+                        f"model call {replies.replies}'s turn couldn't be held for the next one "
+                        f"({type(failed).__name__}: {failed}), so the next turn is rendered whole"
+                    )
+                raise
 
         @web.middleware
         async def _answer_template_failures(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -244,6 +289,13 @@ def _episode_adapter(openai_adapter: type) -> type:
         def template_failure(self, sid: str) -> str | None:
             replies = self._replies.get(sid)
             return replies.template_failure if replies is not None else None
+
+        def turns_not_appended(self, sid: str) -> list[TurnNotAppended]:
+            return self._appended.turns_not_appended(sid) if self._appended is not None else []
+
+        def unrecorded_turns(self, sid: str) -> list[str]:
+            replies = self._replies.get(sid)
+            return list(replies.unrecorded) if replies is not None else []
 
         def open_session(self, sid: str, **kwargs: Any) -> None:
             super().open_session(sid, **kwargs)

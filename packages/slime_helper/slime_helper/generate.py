@@ -16,8 +16,11 @@ reward model. An eval drops the session and returns one sample per episode, and 
 SGLang aborted (status ABORTED, which slime's fully-async worker plays again). Under
 ``slime_helper.generate_rollout_fully_async`` an episode is one sample, not a list. The episode's spans go on the
 sample's trace as they happen, and its outcome (``chat_core.EpisodeOutcome``) into every sample's metadata, with a
-``tool_calls_dropped`` flag for each reply whose tool calls beyond the first slime's adapter didn't pass on, and a
-``chat_template_failed`` flag with the template's message where the chat template couldn't render the chat.
+``tool_calls_dropped`` flag for each reply whose tool calls beyond the first slime's adapter didn't pass on, a
+``turn_not_appended`` flag for each later turn whose prompt couldn't be appended to the tokens the episode held (it
+was rendered whole, and slime may have started a new sample there), a ``turn_not_recorded`` flag for each turn the
+helper failed to hold for the next one, and a ``chat_template_failed`` flag with the template's message where the
+chat template couldn't render the chat.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import logging
 import uuid
 from argparse import Namespace
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from chat_core import OUTCOME_KEY, EpisodeOutcome, EpisodeResult, Flag, FlagKind, Limits, play
@@ -35,6 +38,7 @@ from slime_helper._slime import slime
 from slime_helper.adapter import AdapterService, DroppedToolCalls
 from slime_helper.fully_async import note_worker_loop, takes_one_sample_per_episode
 from slime_helper.observability import SampleTrace
+from slime_helper.tokenizers import TurnNotAppended
 
 logger = logging.getLogger(__name__)
 _LIMIT_SETTINGS = {
@@ -99,7 +103,9 @@ async def generate(
         )
         if (failure := service.template_failure(sid)) is not None:
             result.flags = [_template_flag(flag, failure) for flag in result.flags]
-        dropped = service.dropped_tool_calls(sid)
+        noted = _SessionNotes(
+            service.dropped_tool_calls(sid), service.turns_not_appended(sid), service.unrecorded_turns(sid)
+        )
         aborted = any(flag.kind == FlagKind.REPLY_ABORTED for flag in result.flags)
         played = []
         if not evaluation and not aborted:
@@ -107,7 +113,7 @@ async def generate(
                 sid,
                 base_sample=sample,
                 reward=_reward_of(result),
-                extra_metadata=_metadata(sample, _outcome(result, dropped)),
+                extra_metadata=_metadata(sample, _outcome(result, noted)),
             )
             if one_per_episode and len(played) > 1:
                 result.flags.append(Flag(FlagKind.EPISODE_SPLIT, _split_message(len(played))))
@@ -118,7 +124,7 @@ async def generate(
         if not played:
             status = api.Sample.Status
             placeholder = status.COMPLETED if evaluation else status.ABORTED if aborted else status.FAILED
-            played = [_untrained(sample, result, _outcome(result, dropped), placeholder)]
+            played = [_untrained(sample, result, _outcome(result, noted), placeholder)]
         if not result.scored:
             logger.warning(
                 "%s episode %s is unscored: %s",
@@ -148,13 +154,31 @@ def _reward_of(result: EpisodeResult) -> float:
     return result.reward if result.scored else 0.0
 
 
-def _outcome(result: EpisodeResult, dropped: list[DroppedToolCalls]) -> EpisodeOutcome:
-    """The episode's outcome, with a ``tool_calls_dropped`` flag for each reply in ``dropped`` and their count."""
+@dataclass(frozen=True)
+class _SessionNotes:
+    """What the adapter kept about an episode's session: the replies whose tool calls it ``dropped``, the turns
+    ``not_appended`` to the tokens of the turn before, and why each turn it failed to hold for the next one wasn't
+    (``unrecorded``)."""
+
+    dropped: list[DroppedToolCalls]
+    not_appended: list[TurnNotAppended]
+    unrecorded: list[str]
+
+
+def _outcome(result: EpisodeResult, noted: _SessionNotes) -> EpisodeOutcome:
+    """The episode's outcome, with a flag for each dropped reply, turn not appended and turn not recorded of
+    ``noted``, and their counts."""
     outcome = EpisodeOutcome.of(result)
+    flags = (
+        *(Flag(FlagKind.TOOL_CALLS_DROPPED, reply.message) for reply in noted.dropped),
+        *(Flag(FlagKind.TURN_NOT_APPENDED, turn.message) for turn in noted.not_appended),
+        *(Flag(FlagKind.TURN_NOT_RECORDED, why) for why in noted.unrecorded),
+    )
     return replace(
         outcome,
-        flags=outcome.flags + tuple(Flag(FlagKind.TOOL_CALLS_DROPPED, reply.message) for reply in dropped),
-        dropped_tool_calls=sum(reply.dropped for reply in dropped),
+        flags=outcome.flags + flags,
+        dropped_tool_calls=sum(reply.dropped for reply in noted.dropped),
+        turns_not_appended=len(noted.not_appended),
     )
 
 
@@ -170,9 +194,9 @@ def _metadata(sample: Any, outcome: EpisodeOutcome) -> dict[str, Any]:
 
 def _split_message(samples: int) -> str:
     return (
-        f"slime's adapter recorded the episode as {samples} samples (a turn's prompt didn't extend the tokens it held: "
-        "the tools changed between env turns, or the context overflowed), and slime's fully-async rollout takes one "
-        "sample per episode; it is left out of training with its group"
+        f"slime's adapter recorded the episode as {samples} samples (a turn's prompt didn't extend the tokens it held; "
+        "rendered append-only, a turn_not_appended flag says which and why), and slime's fully-async rollout takes "
+        "one sample per episode; it is left out of training with its group"
     )
 
 
