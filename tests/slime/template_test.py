@@ -10,18 +10,21 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from slime.utils.processing_utils import load_tokenizer
 from slime_helper import AdapterService, UnreadableToolCalls, UnsupportedTransformers
 from slime_helper._slime import slime
-from slime_helper.chat_template import ChatTemplate
-from slime_helper.probe_episodes import proven_tokenizer
+from slime_helper.chat_template import PROBE_CALLS, PROBE_QUESTION, ChatTemplate
+from slime_helper.probe_episodes import PROBE_SYSTEM, PROBE_TOOLS, proven_tokenizer
 from slime_helper.renderer import AppendOnlyRenderer, Unappendable
 from slime_helper.template_match import ALLOWED_DIFFERENCES, SampledReply, TemplateMismatch, differences
+from slime_helper.tokenizers import AppendOnlyTokenizer, turn_session
 from slime_helper.tool_parser import check_tool_parser
-from test_support.families import FAMILIES, MINIMAX_M3, family_named
+from test_support import tool_call
+from test_support.families import FAMILIES, MINIMAX_M3, Family, family_named, written
 
 NUMBERED_TURNS = (
     "{% for message in messages %}<|im_start|>{{ message.role }} {{ loop.index }}\n{{ message.content }}"
@@ -174,3 +177,56 @@ def test_the_start_log_names_the_differences_the_probe_episodes_showed(launch, c
         "Probe episodes match the template's own render of their whole chats token for token, but for these "
         "differences: earlier_reply_as_sampled (the prompt holds each earlier reply as the model sampled it"
     ) in caplog.text
+
+
+def two_rounds(
+    family: Family, tokenizer: Any, answers: tuple[str, str]
+) -> tuple[list[dict[str, Any]], list[int], list]:
+    """A probe episode of two rounds of tool calls rendered append-only for ``family``, its replies as the family
+    writes them and its calls answered ``answers``: its chat, the prompt after the second answer, and where its
+    replies lie in that prompt."""
+    template = ChatTemplate(tokenizer, {})
+    appended = AppendOnlyTokenizer(AppendOnlyRenderer.of(template))
+    call = tool_call("find_crate", {"name": "pears"})
+    output = template.ids(written(tokenizer, family, family.modes[0], call))
+    message = {"role": "assistant", "content": "", "tool_calls": PROBE_CALLS}
+    chat: list[dict[str, Any]] = [PROBE_SYSTEM, PROBE_QUESTION]
+    bound = turn_session.set("rounds")
+    appended.open("rounds")
+    try:
+        prompt = appended.apply_chat_template(chat, tools=PROBE_TOOLS)
+        places = []
+        for answer in answers:
+            appended.record("rounds", chat, PROBE_TOOLS, message, SimpleNamespace(prompt_ids=prompt, output_ids=output))
+            places.append(SampledReply(len(prompt), len(prompt) + len(output)))
+            chat = [*chat, message, {"role": "tool", "content": answer}]
+            prompt = appended.apply_chat_template(chat, tools=PROBE_TOOLS)
+        return chat, prompt, places
+    finally:
+        turn_session.reset(bound)
+
+
+def test_a_later_tool_round_may_differ_only_by_the_templates_own_writing_never_by_an_answer(family_tokenizer):
+    deepseek_v3 = family_named("DeepSeek-V3")
+    tokenizer = family_tokenizer(deepseek_v3)
+    renderer = AppendOnlyRenderer(ChatTemplate(tokenizer, {}))
+    chat, prompt, places = two_rounds(deepseek_v3, tokenizer, ("Shelf 9C.", "Shelf 4B."))
+    _, misread, _ = two_rounds(deepseek_v3, tokenizer, ("Shelf 9C.", "Shelf 4C."))
+
+    found = differences(renderer, chat, PROBE_TOOLS, prompt, places)
+
+    assert {difference.name for difference in found} == {"earlier_reply_as_sampled", "later_tool_round_opened"}
+    with pytest.raises(TemplateMismatch, match="at token"):
+        differences(renderer, chat, PROBE_TOOLS, misread, places)
+
+
+def test_a_reasoning_parser_that_takes_the_models_tool_calls_for_reasoning_is_refused_naming_it(family_tokenizer):
+    glm_thinking_off = ChatTemplate(family_tokenizer(family_named("GLM-4.7-Flash")), {"enable_thinking": False})
+
+    with pytest.raises(UnreadableToolCalls) as refused:
+        check_tool_parser(glm_thinking_off, "glm47", "deepseek-r1")
+    assert str(refused.value).startswith(
+        "SGLang's reasoning parser 'deepseek-r1' (--sglang-reasoning-parser) takes the model's tool calls for its "
+        "reasoning"
+    )
+    check_tool_parser(glm_thinking_off, "glm47", "glm45")

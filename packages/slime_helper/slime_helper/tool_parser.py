@@ -46,8 +46,8 @@ PROBE_CALL = {"name": "add_crate", "input": PROBE_ARGUMENTS}
 def check_tool_parser(template: ChatTemplate, parser: str, reasoning_parser: str | None) -> None:
     """Raise UnreadableToolCalls unless SGLang's tool-call parser ``parser``, after the reasoning parser
     ``reasoning_parser`` (None: none), reads the probe call back from what ``template`` writes for it, naming the
-    parsers that do (or saying that none does). A template that writes no tool call leaves nothing to check; a
-    warning says so."""
+    parsers that do (or saying that none does), or the reasoning parser where the call comes back without it. A
+    template that writes no tool call leaves nothing to check; a warning says so."""
     written = _written_call(template)
     if written is None:
         logger.warning(
@@ -60,6 +60,15 @@ def check_tool_parser(template: ChatTemplate, parser: str, reasoning_parser: str
     read = _read(written, parser, reasoning_parser)
     if read == [PROBE_CALL]:
         return
+    after = f" after --sglang-reasoning-parser {reasoning_parser}" if reasoning_parser else ""
+    came_back = f"as {_calls(read)}" if read else "as no call at all"
+    if reasoning_parser and _reads_back(written, parser, None):
+        raise UnreadableToolCalls(
+            f"SGLang's reasoning parser {reasoning_parser!r} (--sglang-reasoning-parser) takes the model's tool calls "
+            f"for its reasoning: a call of add_crate with {PROBE_ARGUMENTS}, written by the model's chat template as "
+            f"{written!r}, comes back from --sglang-tool-call-parser {parser}{after} {came_back}, and whole without "
+            "it. Launch with the reasoning parser of the model (README's models table), or none"
+        )
     # slime's parsing logs a traceback for each parser that fails on the probe; only its logger is quieted.
     parsing_log = logging.getLogger(slime().parse_model_output.__module__)
     was_disabled, parsing_log.disabled = parsing_log.disabled, True
@@ -75,8 +84,6 @@ def check_tool_parser(template: ChatTemplate, parser: str, reasoning_parser: str
         if readers
         else "SGLang has no tool-call parser that reads it, so slime can't train this model on tool calls"
     )
-    after = f" after --sglang-reasoning-parser {reasoning_parser}" if reasoning_parser else ""
-    came_back = f"as {_calls(read)}" if read else "as no call at all"
     raise UnreadableToolCalls(
         f"SGLang's tool-call parser {parser!r} (--sglang-tool-call-parser) doesn't read the model's tool calls: a "
         f"call of add_crate with {PROBE_ARGUMENTS}, written by the model's chat template as {written!r}, comes back "
