@@ -139,20 +139,25 @@ def test_under_the_fully_async_rollout_such_an_episode_is_flagged_split_and_left
         assert {str(flag.kind) for flag in outcome.flags} >= {"turn_not_appended", "episode_split"}
 
 
+@pytest.mark.parametrize(
+    ("failing", "not_appended"),
+    [(1, ["model call 2", "model call 3"]), (3, ["model call 3", "model call 4"])],
+    ids=["first-turn", "third-turn"],
+)
 def test_a_turn_the_helper_fails_to_hold_for_the_next_one_is_flagged_and_every_reply_still_trained_once(
-    launch, ships, sglang, tokenizer, monkeypatch
+    failing, not_appended, launch, ships, sglang, tokenizer, monkeypatch
 ):
     args = Namespace(**{**vars(launch()), "prompt_data": str(ships)})
     sglang.script_of = lambda prompt: SHIPPING
     prompts = Prompts(AdapterService.of(args).adapter.tokenizer, type(tokenizer), monkeypatch)
     record = AppendOnlyTokenizer.record
 
-    def fails_on_the_third_turn(self, sid, messages, *recorded):
-        if len(messages) == 6:
+    def fails_on_one_turn(self, sid, messages, *recorded):
+        if sum(message["role"] == "assistant" for message in messages) + 1 == failing:
             raise MemoryError("no room to hold the turn")
         record(self, sid, messages, *recorded)
 
-    monkeypatch.setattr(AppendOnlyTokenizer, "record", fails_on_the_third_turn)
+    monkeypatch.setattr(AppendOnlyTokenizer, "record", fails_on_one_turn)
 
     episodes = rollout(args, group_of(args, "ships"))
 
@@ -163,9 +168,9 @@ def test_a_turn_the_helper_fails_to_hold_for_the_next_one_is_flagged_and_every_r
         [unrecorded] = [flag for flag in outcome.flags if str(flag.kind) == "turn_not_recorded"]
         assert not unrecorded.fatal
         assert unrecorded.message == (
-            "model call 3's turn couldn't be held for the next one (MemoryError: no room to hold the turn), so the "
-            "next turn is rendered whole"
+            f"model call {failing}'s turn couldn't be held for the next one (MemoryError: no room to hold the turn), "
+            "so the next turn is rendered whole"
         )
-        not_appended = [flag.message for flag in outcome.flags if str(flag.kind) == "turn_not_appended"]
+        flagged = [flag.message for flag in outcome.flags if str(flag.kind) == "turn_not_appended"]
         assert outcome.turns_not_appended == 2
-        assert [message.partition("'s prompt")[0] for message in not_appended] == ["model call 3", "model call 4"]
+        assert [message.partition("'s prompt")[0] for message in flagged] == not_appended

@@ -45,8 +45,8 @@ class HeldTurn:
 
 @dataclass(frozen=True)
 class TurnNotAppended:
-    """The prompt of a session's ``call``-th model call (counted from 1), which couldn't be appended to the tokens
-    the session's last recorded turn held (``why``), so it was rendered whole."""
+    """The prompt of a session's ``call``-th model call (counted from 1, as the replies its chat holds), which
+    couldn't be appended to the tokens the session's last recorded turn held (``why``), so it was rendered whole."""
 
     call: int
     why: str
@@ -105,19 +105,16 @@ class AppendOnlyTokenizer(WholeChatTokenizer):
         self._renderer = renderer
         self._special_tokens = {ids: text for text, ids in renderer.template.tokenizer.get_added_vocab().items()}
         self._held: dict[str, HeldTurn | None] = {}
-        self._prompts: dict[str, int] = {}
         self._not_appended: dict[str, list[TurnNotAppended]] = {}
 
     def open(self, sid: str) -> None:
         """Render session ``sid`` append-only from its next turn on."""
         self._held[sid] = None
-        self._prompts[sid] = 0
         self._not_appended[sid] = []
 
     def forget(self, sid: str) -> None:
         """Drop what session ``sid`` holds; its later turns, if any, are rendered whole."""
         self._held.pop(sid, None)
-        self._prompts.pop(sid, None)
         self._not_appended.pop(sid, None)
 
     def turns_not_appended(self, sid: str) -> list[TurnNotAppended]:
@@ -150,11 +147,12 @@ class AppendOnlyTokenizer(WholeChatTokenizer):
         the same tools and no assistant turn of its own, the held tokens and what follows them; otherwise the whole
         chat, rendered by the template."""
         sid = turn_session.get()
-        asked = sid in self._held and tokenize and add_generation_prompt
-        if asked:
-            self._prompts[sid] += 1
-        held = self._held.get(sid) if asked else None
-        if held is None:
+        if sid not in self._held or not tokenize or not add_generation_prompt:
+            return super().apply_chat_template(conversation, tools, tokenize, add_generation_prompt)
+        if (held := self._held[sid]) is None:
+            if any(message.get("role") == "assistant" for message in conversation):
+                why = "the turn before it wasn't held"
+                return self._rendered_whole(sid, why, conversation, tools, tokenize, add_generation_prompt)
             return super().apply_chat_template(conversation, tools, tokenize, add_generation_prompt)
         if (added := _messages_added(conversation, tools, held)) is None:
             why = "its chat doesn't extend the last turn's with the same tools"
@@ -177,7 +175,8 @@ class AppendOnlyTokenizer(WholeChatTokenizer):
     ) -> Any:
         """``conversation`` rendered whole for a later turn of open session ``sid``, kept with ``why`` it wasn't
         appended."""
-        not_appended = TurnNotAppended(self._prompts[sid], why)
+        call = 1 + sum(message.get("role") == "assistant" for message in conversation)
+        not_appended = TurnNotAppended(call, why)
         self._not_appended[sid].append(not_appended)
         logger.warning("[slime_helper] session %s: %s", sid, not_appended.message)
         return super().apply_chat_template(conversation, tools, tokenize, add_generation_prompt)
