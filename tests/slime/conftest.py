@@ -20,6 +20,7 @@ import asyncio
 from argparse import Namespace
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_support.trainer_env import TierUnready, require_tier
@@ -40,7 +41,8 @@ from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.processing_utils import load_tokenizer
 from slime_helper import AdapterService
 from test_support import ServedBundle, serve_bundle
-from test_support.checkpoint import QWEN3_0_6B, weightless_checkpoint
+from test_support.checkpoint import QWEN3_0_6B, family_checkpoint, weightless_checkpoint
+from test_support.families import Family
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -81,6 +83,21 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tokenizer(checkpoint: Path):
     return load_tokenizer(str(checkpoint), trust_remote_code=True)
+
+
+@pytest.fixture(scope="session")
+def family_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Family], tuple[Path, Any]]:
+    """Each model family's weightless checkpoint folder and its tokenizer as slime loads it, made once a session
+    (GLM's takes seconds to load)."""
+    made: dict[str, tuple[Path, Any]] = {}
+
+    def checkpoint_of(family: Family) -> tuple[Path, Any]:
+        if family.name not in made:
+            folder = family_checkpoint(tmp_path_factory.mktemp("families") / family.name, family)
+            made[family.name] = folder, load_tokenizer(str(folder), trust_remote_code=True)
+        return made[family.name]
+
+    return checkpoint_of
 
 
 @pytest.fixture(scope="session")

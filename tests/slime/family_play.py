@@ -17,9 +17,7 @@ from typing import Any
 from chat_core.prepare import write_rows
 from launch import parse_slime_args, slime_command
 from sglang_stand_in import Generated, StandInSGLang
-from slime.utils.processing_utils import load_tokenizer
 from test_support import SAMPLE_BUNDLE, serve_bundle
-from test_support.checkpoint import family_checkpoint
 from test_support.families import Family, Mode, written
 from test_support.script import Reply
 
@@ -43,20 +41,27 @@ def served_rows(folder: Path, tasks: Mapping[str, list[dict[str, Any]]]) -> Iter
         yield folder / "rows" / "all.jsonl"
 
 
-def family_launcher(folder: Path, rows: Path, sglang: StandInSGLang, config: str) -> FamilyLaunch:
-    """Each family's launch on ``rows`` with the ``--custom-config-path`` YAML ``config``, against ``sglang``.
-    slime's ``parse_args`` reads each family's launch (its checkpoint, tool-call parser and config) once; a mode sets
-    what ``--apply-chat-template-kwargs`` and ``--sglang-reasoning-parser`` would."""
+def family_launcher(
+    folder: Path,
+    rows: Path,
+    sglang: StandInSGLang,
+    checkpoints: Callable[[Family], tuple[Path, Any]],
+    config: str,
+) -> FamilyLaunch:
+    """Each family's launch on ``rows`` with the ``--custom-config-path`` YAML ``config``, against ``sglang``, from
+    the checkpoint and tokenizer ``checkpoints`` gives (the tier's ``family_checkpoints``). slime's ``parse_args``
+    reads each family's launch (its checkpoint, tool-call parser and config) once; a mode sets what
+    ``--apply-chat-template-kwargs`` and ``--sglang-reasoning-parser`` would."""
     custom = folder / "custom.yaml"
     custom.write_text(config)
     parsed: dict[str, tuple[Namespace, Any]] = {}
 
     def launch(family: Family, mode: Mode, reasoning_parser: bool) -> tuple[Namespace, Any]:
         if family.name not in parsed:
-            checkpoint = family_checkpoint(folder / "families" / family.name, family)
+            checkpoint, tokenizer = checkpoints(family)
             flags = ["--sglang-tool-call-parser", family.tool_parser, "--custom-config-path", str(custom)]
             args = parse_slime_args(slime_command(checkpoint, (sglang.host, sglang.port), rows, {}, *flags))
-            parsed[family.name] = args, load_tokenizer(str(checkpoint), trust_remote_code=True)
+            parsed[family.name] = args, tokenizer
         args, tokenizer = parsed[family.name]
         moded = {
             "apply_chat_template_kwargs": dict(mode.template_kwargs),

@@ -1,7 +1,8 @@
 """slime launched with this project's hooks: its own ``parse_args`` takes them, its loaders find them, and the
 helper checks the slime it runs on and the tool-call parser against the model's chat template, renders a chat
 append-only where the template allows it unless told not to, says loudly where it doesn't, and carries the chat
-template kwargs into the adapter either way."""
+template kwargs into the adapter either way. The template checks themselves, family by family, are
+``template_test``'s."""
 
 from __future__ import annotations
 
@@ -28,9 +29,8 @@ from slime_helper import (
 )
 from slime_helper._slime import SUPPORTED_SLIME, slime
 from slime_helper.chat_template import ChatTemplate, TemplateFailed
-from slime_helper.renderer import AppendOnlyRenderer
 from test_support.checkpoint import family_checkpoint
-from test_support.families import FAMILIES, MINIMAX_M3
+from test_support.families import MINIMAX_M3, family_named
 
 THINKING_OFF_OPENING = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 EARLIER_REPLIES_HIDDEN = (
@@ -40,7 +40,7 @@ EARLIER_REPLIES_HIDDEN = (
 )
 """A chat template of Qwen's tokens that writes no tool call and renders a reply otherwise once anything follows it,
 so that no turn can be rendered append-only."""
-GLM_4_7 = FAMILIES[4]
+GLM_4_7 = family_named("GLM-4.7-Flash")
 
 
 @pytest.fixture
@@ -175,7 +175,7 @@ def test_a_model_whose_tool_calls_no_sglang_parser_reads_is_refused_saying_so(la
 
 def test_only_what_a_template_raises_is_taken_for_the_templates_refusal(tokenizer, tmp_path):
     raising = "{{ raise_exception('No user query found in messages.') }}"
-    deepseek_v3_1 = family_checkpoint(tmp_path / "DeepSeek-V3.1", FAMILIES[7])
+    deepseek_v3_1 = family_checkpoint(tmp_path / "DeepSeek-V3.1", family_named("DeepSeek-V3.1"))
 
     with pytest.raises(TemplateFailed, match="No user query found in messages"):
         ChatTemplate(tokenizer, {"chat_template": raising}).text(
@@ -197,14 +197,3 @@ def test_an_append_only_setting_that_isnt_true_or_false_is_refused(launch, fresh
 
     with pytest.raises(ValueError, match="episode_append_only_chat is true or false, not 'no'"):
         AdapterService.of(args)
-
-
-@pytest.mark.parametrize("family", [FAMILIES[2], FAMILIES[6], MINIMAX_M3], ids=lambda family: family.name)
-def test_a_later_system_message_the_template_refuses_moves_or_drops_is_rendered_where_it_comes(family, tmp_path):
-    template = ChatTemplate(load_tokenizer(str(family_checkpoint(tmp_path / family.name, family))), {})
-    renderer = AppendOnlyRenderer.of(template)
-
-    added = renderer.added_text([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Go."}])
-
-    assert added.startswith(renderer.end_of_reply)
-    assert 0 < added.index("Be brief.") < added.index("Go.")

@@ -111,10 +111,11 @@ def restock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def family_launches(
-    tmp_path_factory: pytest.TempPathFactory, restock: Path, sglang_server: StandInSGLang
+    tmp_path_factory: pytest.TempPathFactory, restock: Path, sglang_server: StandInSGLang, family_checkpoints
 ) -> FamilyLaunch:
     """Each family's launch on the ``restock`` rows, with chat_core's default episode settings."""
-    return family_launcher(tmp_path_factory.mktemp("launches"), restock, sglang_server, "episode_max_turns: 4\n")
+    config = "episode_max_turns: 4\n"
+    return family_launcher(tmp_path_factory.mktemp("launches"), restock, sglang_server, family_checkpoints, config)
 
 
 @pytest.fixture(scope="module")

@@ -14,17 +14,15 @@ from __future__ import annotations
 import copy
 import itertools
 import statistics
-import threading
 from argparse import Namespace
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from chat_core import EpisodeOutcome
 from chat_core.record.metrics import rollout_log_metrics
-from family_play import FamilyLaunch, family_launcher, served_rows, whole_episode, writes_as
+from exact_samples import Prompts, assert_trained_once, exact_episode
+from family_play import FamilyLaunch, family_launcher, served_rows, writes_as
 from rollout import SAMPLE_PER_TURN, group_of, rollout, rollout_manager
 from sglang_stand_in import Generated, StandInSGLang
 from slime.agent.trajectory import TurnRecord
@@ -33,7 +31,7 @@ from slime_helper.chat_template import ChatTemplate
 from slime_helper.renderer import AppendOnlyRenderer
 from slime_helper.tokenizers import AppendOnlyTokenizer, WholeChatTokenizer, turn_session
 from test_support import text, tool_call
-from test_support.families import FAMILIES
+from test_support.families import FAMILIES, family_named
 from test_support.qwen3 import END_OF_TURN, qwen3_text
 from test_support.script import Reply
 
@@ -96,10 +94,36 @@ tokens) and is cut there, played on as ``FAMILY_CONFIG`` asks, and its second do
 FAMILY_CONFIG = "episode_max_tool_calls_per_turn: 2\nepisode_play_on_cut_reply: true\n"
 FAMILY_MODES = [
     *((family, mode, bool(mode.thinks and family.reasoning_parser)) for family in FAMILIES for mode in family.modes),
-    (FAMILIES[1], FAMILIES[1].modes[1], False),
+    (family_named("Qwen3"), family_named("Qwen3").modes[1], False),
 ]
 """Each family in each of its modes, a thinking mode launched with the family's reasoning parser; and Qwen3 thinking
 without one, where slime's adapter leaves the reasoning in the reply's text."""
+EARLIER, LATER_ROUND, REFUSED, MOVED, DROPPED = (
+    "earlier_reply_as_sampled",
+    "later_tool_round_opened",
+    "later_system_message_refused",
+    "later_system_message_moved",
+    "later_system_message_dropped",
+)
+TEMPLATE_DIFFERENCES = {
+    ("Qwen2.5", False): (),
+    ("Qwen3", False): (EARLIER,),
+    ("Qwen3", True): (EARLIER,),
+    ("Qwen3.5", False): (EARLIER, REFUSED),
+    ("Qwen3.5", True): (EARLIER, REFUSED),
+    ("Qwen3.6", False): (EARLIER, REFUSED),
+    ("Qwen3.6", True): (EARLIER, REFUSED),
+    **{(glm, thinks): () for glm in ("GLM-4.7-Flash", "GLM-5", "GLM-5.1", "GLM-5.2") for thinks in (False, True)},
+    ("DeepSeek-V3", False): (EARLIER, LATER_ROUND, MOVED),
+    ("DeepSeek-V3.1", False): (MOVED,),
+    ("DeepSeek-V3.1", True): (EARLIER, MOVED),
+    ("DeepSeek-R1", True): (EARLIER, LATER_ROUND, MOVED),
+    ("MiniMax-M2", True): (EARLIER, DROPPED),
+    ("QwQ-32B", True): (EARLIER,),
+}
+"""For each family and whether its mode thinks, the allowed differences its episodes' prompts show against its
+template's render of their whole chats: GLM's keep earlier reasoning with ``clear_thinking: false`` and place a
+later system message where it comes, so they show none."""
 
 
 @pytest.fixture(scope="module")
@@ -111,62 +135,19 @@ def stocktake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def family_launches(
-    tmp_path_factory: pytest.TempPathFactory, stocktake: Path, sglang_server: StandInSGLang
+    tmp_path_factory: pytest.TempPathFactory, stocktake: Path, sglang_server: StandInSGLang, family_checkpoints
 ) -> FamilyLaunch:
     """slime's arguments for a launch of a family in a mode, with or without its reasoning parser, on the
     ``stocktake`` rows with ``FAMILY_CONFIG``, and the family's tokenizer as slime loads it."""
-    return family_launcher(tmp_path_factory.mktemp("launches"), stocktake, sglang_server, FAMILY_CONFIG)
+    return family_launcher(
+        tmp_path_factory.mktemp("launches"), stocktake, sglang_server, family_checkpoints, FAMILY_CONFIG
+    )
 
 
 @pytest.fixture(scope="module")
 def stocktake_group(launch, stocktake: Path) -> list:
     """The group of ``stocktake``'s row as slime's data source gives it; a test plays a copy."""
     return group_of(Namespace(**{**vars(launch()), "prompt_data": str(stocktake)}), "stocktake")
-
-
-@dataclass(frozen=True)
-class Render:
-    """A prompt slime's adapter asked its tokenizer for: the session, the chat and tools it rendered, the token ids,
-    and how many of them the render tokenized (the rest it already held)."""
-
-    sid: str | None
-    conversation: list[dict[str, Any]]
-    tools: Any
-    tokens: list[int]
-    tokenized: int
-
-
-class Prompts:
-    """Every prompt slime's adapter asks its tokenizer for (``rendered``), with the number of tokens the tokenizer
-    class's ``encode`` gave while the prompt was rendered."""
-
-    def __init__(self, adapter_tokenizer: Any, tokenizer_class: type, monkeypatch: pytest.MonkeyPatch):
-        self._render = adapter_tokenizer.apply_chat_template
-        self._rendering = threading.local()
-        self.rendered: list[Render] = []
-        encode = tokenizer_class.encode
-        rendering = self._rendering
-
-        def counted(tokenizer: Any, *args: Any, **kwargs: Any) -> Any:
-            ids = encode(tokenizer, *args, **kwargs)
-            if getattr(rendering, "tokenized", None) is not None:
-                rendering.tokenized += len(ids)
-            return ids
-
-        monkeypatch.setattr(tokenizer_class, "encode", counted)
-        monkeypatch.setattr(adapter_tokenizer, "apply_chat_template", self)
-
-    def __call__(self, conversation: list[dict[str, Any]], **kwargs: Any) -> Any:
-        self._rendering.tokenized = 0
-        try:
-            rendered = self._render(conversation, **kwargs)
-            tokenized = self._rendering.tokenized
-        finally:
-            self._rendering.tokenized = None
-        self.rendered.append(
-            Render(turn_session.get(), copy.deepcopy(conversation), kwargs.get("tools"), list(rendered), tokenized)
-        )
-        return rendered
 
 
 def played(
@@ -191,7 +172,7 @@ def played(
     FAMILY_MODES,
     ids=[f"{f.name}-{m.name}{'-reasoning-parser' * p}".replace(" ", "-") for f, m, p in FAMILY_MODES],
 )
-def test_every_family_renders_an_episode_as_one_sample_of_its_last_prompt_and_reply_trained_on_what_was_generated(
+def test_every_family_renders_an_episode_as_one_sample_exact_against_its_template_each_generated_token_trained_once(
     family, mode, reasoning_parser, family_launches, stocktake_group, sglang, monkeypatch
 ):
     args, tokenizer = family_launches(family, mode, reasoning_parser)
@@ -208,26 +189,25 @@ def test_every_family_renders_an_episode_as_one_sample_of_its_last_prompt_and_re
         sessions.setdefault(reply.routing_key, []).append(reply)
     calling, replying = sorted(sessions.values(), key=len, reverse=True)
     assert [len(calling), len(replying)] == [len(CALLING), len(REPLYING)]
-    rewards = {tuple(whole_episode(calling)[0]): 1.0, tuple(whole_episode(replying)[0]): 0.0}
+    template = ChatTemplate(tokenizer, mode.template_kwargs)
+    found: set[str] = set()
     for samples in episodes:
         [sample] = samples
-        replies = calling if tuple(sample.tokens) == tuple(whole_episode(calling)[0]) else replying
-        tokens, mask, logprobs = whole_episode(replies)
-        assert sample.tokens == tokens
-        assert sample.response_length == len(sample.loss_mask) == len(tokens) - len(replies[0].prompt)
-        assert sample.loss_mask == mask
-        assert sample.rollout_log_probs == logprobs
-        assert sample.reward == rewards.pop(tuple(tokens))
+        replies = calling if sample.tokens == [*calling[-1].prompt, *calling[-1].output] else replying
+        assert sample.tokens == [*replies[-1].prompt, *replies[-1].output]
+        assert sample.response_length == len(sample.loss_mask) == len(sample.tokens) - len(replies[0].prompt)
+        assert sample.reward == (1.0 if replies is calling else 0.0)
         outcome = EpisodeOutcome.from_metadata(sample.metadata)
         assert outcome.scored and outcome.model_calls == len(replies) and outcome.turns == 2
-    assert rewards == {}
-    for replies in (calling, replying):
-        renders = [render for render in prompts.rendered if render.sid == replies[0].routing_key]
-        assert [render.tokens for render in renders] == [reply.prompt for reply in replies]
+        assert outcome.turns_not_appended == 0
+        assert not {str(flag.kind) for flag in outcome.flags} & {"turn_not_appended", "turn_not_recorded"}
+        renders = prompts.of(replies[0].routing_key)
+        found |= {difference.name for difference in exact_episode(samples, renders, replies, template)}
         held = [0] + [len(reply.prompt) + len(reply.output) for reply in replies[:-1]]
         assert [render.tokenized for render in renders] == [
             len(r.tokens) - h for r, h in zip(renders, held, strict=True)
         ]
+    assert found == set(TEMPLATE_DIFFERENCES[family.name, mode.thinks])
     cut, after_cut = replying
     added = tokenizer.decode(after_cut.prompt[len(cut.prompt) + len(cut.output) :])
     assert len(cut.output) == args.rollout_max_response_len and added.startswith(family.turn_end)
@@ -237,7 +217,7 @@ def test_every_family_renders_an_episode_as_one_sample_of_its_last_prompt_and_re
 
 
 def test_a_chat_the_template_cant_render_flags_the_episode_with_the_templates_message(family_launches, sglang):
-    qwen3_5 = FAMILIES[2]
+    qwen3_5 = family_named("Qwen3.5")
     args, _ = family_launches(qwen3_5, qwen3_5.modes[0], False)
 
     episodes = rollout(args, group_of(args, "quoted"))
@@ -273,16 +253,21 @@ def test_with_the_setting_off_qwen3s_own_template_makes_each_model_call_a_sample
     assert trained == generated
 
 
-def test_with_the_setting_off_and_thinking_on_slime_stops_training_the_turns_whose_reasoning_qwen3_drops(
+def test_with_the_setting_off_and_thinking_on_each_turn_whose_reasoning_qwen3_drops_starts_a_sample_still_trained(
     launch, sglang, tokenizer, monkeypatch, stocktake
 ):
     _, episodes, sessions, _ = played(
         launch, sglang, tokenizer, monkeypatch, stocktake, THINKING_ON, thinking=True, config=SAMPLE_PER_TURN
     )
 
-    generated = sum(len(reply.output) for replies in sessions for reply in replies)
-    trained = sum(sum(sample.loss_mask) for samples in episodes for sample in samples)
-    assert trained < generated
+    # Qwen3 drops a reply's reasoning once a user message follows it, so the next prompt parts from the tokens slime
+    # holds inside that reply: slime's manager would REALIGN it into the same sample, the reply untrained.
+    for samples in episodes:
+        [replies] = [
+            replies for replies in sessions if samples[-1].tokens[-len(replies[-1].output) :] == replies[-1].output
+        ]
+        assert len(samples) > 1
+        assert_trained_once(samples, replies)
 
 
 def test_through_slimes_train_data_conversion_each_one_sample_episode_gets_its_own_advantage(
@@ -342,7 +327,7 @@ def test_a_turn_whose_tools_or_earlier_messages_changed_is_rendered_whole(tokeni
     )
     assert appended.apply_chat_template(answered, tools=other_tools) == whole.apply_chat_template(answered, other_tools)
     assert appended.apply_chat_template(rewritten, tools=tools) == whole.apply_chat_template(rewritten, tools)
-    assert caplog.text.count("is rendered whole and slime starts a new sample") == 2
+    assert caplog.text.count("so it was rendered whole with the chat template") == 2
     appended.forget(serving_episode)
     assert appended.apply_chat_template(answered, tools=tools) == whole.apply_chat_template(answered, tools)
-    assert caplog.text.count("is rendered whole") == 2
+    assert caplog.text.count("rendered whole") == 2

@@ -120,6 +120,24 @@ def test_the_helpers_new_kinds_leave_an_episode_unscored():
     assert Flag(FlagKind.EPISODE_RAISED, "raised").fatal
 
 
+def test_a_record_written_before_turns_not_appended_were_counted_reads_0():
+    metadata = _outcome(1.0).to_metadata()
+    del metadata["turns_not_appended"]
+
+    assert EpisodeOutcome.from_metadata({OUTCOME_KEY: metadata}).turns_not_appended == 0
+
+
+def test_a_turn_not_appended_or_not_recorded_is_flagged_without_leaving_the_episode_unscored():
+    flags = (
+        Flag(FlagKind.TURN_NOT_APPENDED, "model call 3's prompt couldn't be appended"),
+        Flag(FlagKind.TURN_NOT_RECORDED, "model call 2's turn couldn't be held"),
+    )
+    outcome = replace(_outcome(1.0), flags=flags, turns_not_appended=1)
+
+    assert not any(flag.fatal for flag in flags) and outcome.scored
+    assert EpisodeOutcome.from_metadata(json.loads(json.dumps({OUTCOME_KEY: outcome.to_metadata()}))) == outcome
+
+
 def test_a_record_of_tool_calls_slimes_adapter_dropped_reads_back_scored():
     flag = Flag(FlagKind.TOOL_CALLS_DROPPED, "reply 1 made 2 tool calls")
     outcome = replace(_outcome(1.0), flags=(flag,), dropped_tool_calls=1)
@@ -200,6 +218,7 @@ def _outcome(
     dropped: int = 0,
     resumed: int = 0,
     cut: int = 0,
+    not_appended: int = 0,
 ):
     return EpisodeOutcome(
         reward=reward,
@@ -219,6 +238,7 @@ def _outcome(
         dropped_tool_calls=dropped,
         resumed_calls=resumed,
         cut_tokens=cut,
+        turns_not_appended=not_appended,
     )
 
 
@@ -237,7 +257,7 @@ def test_the_filters_drop_unscored_and_same_reward_groups_with_distinct_reasons(
 
 def test_metrics_count_each_episode_once_whatever_its_samples():
     outcomes = [
-        _outcome(1.0, turns=3, tool_calls=4, dropped=2, resumed=3, cut=120),
+        _outcome(1.0, turns=3, tool_calls=4, dropped=2, resumed=3, cut=120, not_appended=1),
         _outcome(0.0),
         _outcome(1.0, turns=2, resumed=1, cut=8),
         _outcome(None, reason="env_failed"),
@@ -255,6 +275,7 @@ def test_metrics_count_each_episode_once_whatever_its_samples():
     assert (metrics["dropped_tool_calls_mean"], metrics["dropped_tool_calls_p90"]) == (0.5, 2.0)
     assert (metrics["resumed_calls_mean"], metrics["resumed_calls_p90"]) == (1.0, 3.0)
     assert (metrics["cut_tokens_mean"], metrics["cut_tokens_p90"]) == (32.0, 120.0)
+    assert (metrics["turns_not_appended_mean"], metrics["turns_not_appended_p90"]) == (0.25, 1.0)
     assert metrics["env_s_mean"] == 2.0 and metrics["wall_s_mean"] == 3.5
 
 

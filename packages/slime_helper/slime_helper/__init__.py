@@ -29,6 +29,7 @@ from slime_helper.errors import (
     UnfilteredFullyAsync,
     UnreadableToolCalls,
     UnsupportedSlime,
+    UnsupportedTransformers,
 )
 from slime_helper.filters import keep_scored_groups, keep_scored_nonzero_std_groups
 from slime_helper.fully_async import generate_rollout_fully_async
@@ -53,6 +54,7 @@ __all__ = [
     "UnfilteredFullyAsync",
     "UnreadableToolCalls",
     "UnsupportedSlime",
+    "UnsupportedTransformers",
     "WholeChatTokenizer",
     "generate",
     "generate_rollout_fully_async",

@@ -47,7 +47,7 @@ class Slime:
     call_dynamic_filter: Callable[..., Any]
     MetricGatherer: type
     RolloutFnTrainOutput: type
-    parse_tool_uses: Callable[..., Any]
+    parse_model_output: Callable[..., Any]
     GenerateState: type
     TrajectoryManager: type
 
@@ -72,7 +72,7 @@ def slime() -> Slime:
     call_filter = _find("slime.rollout.filter_hub.base_types", "call_dynamic_filter", missing)
     gatherer = _find("slime.rollout.filter_hub.base_types", "MetricGatherer", missing)
     train_output = _find("slime.rollout.base_types", "RolloutFnTrainOutput", missing)
-    parse_tool_uses = _find("slime.agent.parsing", "parse_tool_uses", missing)
+    parse_model_output = _find("slime.agent.parsing", "parse_model_output", missing)
     generate_state = _find("slime.rollout.sglang_rollout", "GenerateState", missing)
     trajectory_manager = _find("slime.agent.trajectory", "TrajectoryManager", missing)
     if trace_span is not None:
@@ -82,7 +82,9 @@ def slime() -> Slime:
     if adapter is not None:
         where = "slime.agent.adapters.OpenAIAdapter"
         missing += _lacking(
-            where, adapter, ("tokenizer", "sglang_url", "tool_parser", "reasoning_parser", "debug_callback")
+            where,
+            adapter,
+            ("tokenizer", "sglang_url", "tool_parser", "reasoning_parser", "fork_threshold_tokens", "debug_callback"),
         )
         missing += _lacking(
             f"{where}.open_session", getattr(adapter, "open_session", None), ("sampling_defaults", "max_context_tokens")
@@ -131,9 +133,11 @@ def slime() -> Slime:
         )
     if train_output is not None:
         missing += _lacking("slime.rollout.base_types.RolloutFnTrainOutput", train_output, ("samples", "metrics"))
-    if parse_tool_uses is not None:
+    if parse_model_output is not None:
         missing += _lacking(
-            "slime.agent.parsing.parse_tool_uses", parse_tool_uses, ("body_text", "tools_schema", "tool_parser_name")
+            "slime.agent.parsing.parse_model_output",
+            parse_model_output,
+            ("raw_output", "tools_schema", "tool_parser_name", "reasoning_parser_name"),
         )
     if run_app is not None:
         missing += _lacking(
@@ -175,7 +179,7 @@ def slime() -> Slime:
         call_filter,
         gatherer,
         train_output,
-        parse_tool_uses,
+        parse_model_output,
         generate_state,
         trajectory_manager,
     )

@@ -6,21 +6,26 @@ It is built on the first rollout from slime's launch flags (tokenizer from ``--h
 ``http://{--sglang-router-ip}:{--sglang-router-port}``), served on loopback by a thread of its own, and cached on
 ``AdapterService`` itself rather than through slime's internals; ``AdapterService.reset()`` stops it.
 
-At start the helper probes the tokenizer's chat template: the tool-call parser must read a call the template writes
-(``tool_parser``), and, unless the ``--custom-config-path`` YAML sets ``episode_append_only_chat: false``, each
-session is rendered append-only (``renderer``, ``tokenizers``) when the template can render what a turn adds after a
-reply, so an episode comes back as one sample; the start log says which rendering the launch uses. The adapter is
-slime's own class with its hooks extended: each request's session is bound for the rendering, each recorded turn is
-held for the session's next one, and every tool call of a reply is passed on and recorded (slime's adapter passes on
-the first only, so the env would never run the others, though the model is trained on them). A chat the template
-can't render is answered with a 400 naming the template's error, kept per session
-(``AdapterService.template_failure``), instead of slime's 500; a prompt that fills ``--rollout-max-context-len`` with
-OpenAI's 400 ``context_length_exceeded``, recording nothing, where slime's adapter would record an empty reply cut
-at ``length``, so ``chat_core`` cuts the episode short flagged ``context_exhausted``. A reply SGLang aborted or cut
-at its token limit reaches the client with finish reason ``abort`` or ``length`` (slime's adapter says ``stop``
-for the first and ``tool_calls`` for a cut reply holding a call), so ``chat_core`` ends the episode flagged
-``reply_aborted`` or ``response_limit``, unless a weight update cut it: then the client is asked to send
-the chat again and the reply goes on from the cut (``resume``).
+At start the helper probes the tokenizer's chat template: the tool-call parser must read back a call the template
+writes (``tool_parser``), and, unless the ``--custom-config-path`` YAML sets ``episode_append_only_chat: false``, each
+session is rendered append-only (``renderer``, ``tokenizers``) when probe episodes rendered so match the template's
+own render of their chats token for token, but for the differences ``template_match`` allows (``probe_episodes``),
+so an episode comes back as one sample; the start log says which rendering the launch uses, and which differences.
+The adapter is slime's own class with its hooks extended: each request's session is bound for the rendering, each
+recorded turn is held for the session's next one (a turn that fails to be held is kept per session,
+``AdapterService.unrecorded_turns``, as is a later turn that couldn't be appended, ``turns_not_appended``), and every
+tool call of a reply is passed on and recorded (slime's adapter passes on the first only, so the env would never run
+the others, though the model is trained on them). A chat the template can't render is answered with a 400 naming
+the template's error, kept per session (``AdapterService.template_failure``), instead of slime's 500; a prompt that
+fills ``--rollout-max-context-len`` with OpenAI's 400 ``context_length_exceeded``, recording nothing, where slime's
+adapter would record an empty reply cut at ``length``, so ``chat_core`` cuts the episode short flagged
+``context_exhausted``. A reply SGLang aborted or cut at its token limit reaches the client with finish reason
+``abort`` or ``length`` (slime's adapter says ``stop`` for the first and ``tool_calls`` for a cut reply holding a
+call), so ``chat_core`` ends the episode flagged ``reply_aborted`` or ``response_limit``, unless a weight update cut
+it: then the client is asked to send the chat again and the reply goes on from the cut (``resume``). slime's
+trajectory manager is built with ``fork_threshold_tokens=0``: a turn whose prompt doesn't extend the tokens the
+episode holds then starts a new sample, and is never REALIGNed into the old one with an earlier reply's training
+turned off.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import logging
 import secrets
 from argparse import Namespace
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -42,7 +48,8 @@ from slime_helper._slime import slime
 from slime_helper.chat_template import ChatTemplate
 from slime_helper.errors import MissingEpisodeNormalization, MissingToolParser, PartialRolloutRefused, UnappendableChat
 from slime_helper.filters import FILTERS
-from slime_helper.renderer import AppendOnlyRenderer, Unappendable
+from slime_helper.probe_episodes import proven_tokenizer
+from slime_helper.renderer import Unappendable
 from slime_helper.resume import (
     ASK_AGAIN,
     Resumed,
@@ -53,10 +60,12 @@ from slime_helper.resume import (
     resuming_manager,
 )
 from slime_helper.rewards import normalizes_per_group
+from slime_helper.template_match import ALLOWED_DIFFERENCES
 from slime_helper.tokenizers import (
     AppendOnlyTokenizer,
     ChatTemplateFailed,
     ContextFull,
+    TurnNotAppended,
     WholeChatTokenizer,
     turn_session,
 )
@@ -114,7 +123,8 @@ class AdapterService:
             api.load_tokenizer(args.hf_checkpoint, trust_remote_code=True),
             dict(getattr(args, "apply_chat_template_kwargs", None) or {}),
         )
-        check_tool_parser(template, tool_parser)
+        reasoning_parser = getattr(args, "sglang_reasoning_parser", None) or None
+        check_tool_parser(template, tool_parser, reasoning_parser)
         self._max_context_tokens = int(getattr(args, "rollout_max_context_len", None) or 0)
         tokenizer = _tokenizer(template, append_only, Path(args.hf_checkpoint).name, self._max_context_tokens)
         self.append_only = isinstance(tokenizer, AppendOnlyTokenizer)
@@ -122,7 +132,7 @@ class AdapterService:
             tokenizer=tokenizer,
             sglang_url=f"http://{args.sglang_router_ip}:{args.sglang_router_port}",
             tool_parser=tool_parser,
-            reasoning_parser=getattr(args, "sglang_reasoning_parser", None) or None,
+            reasoning_parser=reasoning_parser,
         )
         self._model = Path(args.hf_checkpoint).name
         # A client that goes away (a cancelled rollout) cancels its handler, which then aborts the SGLang request.
@@ -170,6 +180,25 @@ class AdapterService:
         """What weight updates did to open session ``sid``'s model calls so far."""
         return self.adapter.resumes.of(sid)
 
+    def turns_not_appended(self, sid: str) -> list[TurnNotAppended]:
+        """The later turns of open session ``sid`` whose prompt couldn't be appended to the tokens the turn before
+        held, so they were rendered whole (none unless the chat is rendered append-only)."""
+        return self.adapter.turns_not_appended(sid)
+
+    def unrecorded_turns(self, sid: str) -> list[str]:
+        """Why each turn of open session ``sid`` that the helper failed to hold for the next one wasn't."""
+        return self.adapter.unrecorded_turns(sid)
+
+
+@dataclass
+class _SessionNotes:
+    """What the adapter keeps of an open session for its episode's record: the replies answered so far, the
+    template's error on its chat, and why each turn the helper failed to hold wasn't."""
+
+    replies: int = 0
+    template_failure: str | None = None
+    unrecorded: list[str] = field(default_factory=list)
+
 
 def _tokenizer(
     template: ChatTemplate, append_only: bool | None, model: str, max_context_tokens: int
@@ -189,7 +218,7 @@ def _tokenizer(
         )
         return WholeChatTokenizer(template, max_context_tokens)
     try:
-        renderer = AppendOnlyRenderer.of(template)
+        tokenizer, differences = proven_tokenizer(template)
     except Unappendable as why:
         if append_only:
             raise UnappendableChat(
@@ -203,15 +232,18 @@ def _tokenizer(
             why,
         )
         return WholeChatTokenizer(template, max_context_tokens)
+    named = "; ".join(f"{each.name} ({each.reason})" for each in ALLOWED_DIFFERENCES if each in differences)
     logger.info(
         "[slime_helper] chat rendering: append-only, from the chat template of %s%s: each turn is the tokens the "
         "last turn held, the reply as sampled, then what the turn adds as the template renders it, so an episode is "
-        "one sample (%s: false renders each turn's whole chat instead)",
+        "one sample (%s: false renders each turn's whole chat instead). Probe episodes match the template's own "
+        "render of their whole chats token for token%s",
         model,
         arguments,
         APPEND_ONLY_SETTING,
+        f", but for these differences: {named}" if named else "",
     )
-    return AppendOnlyTokenizer(renderer, max_context_tokens)
+    return tokenizer
 
 
 @functools.cache
@@ -222,39 +254,69 @@ def _episode_adapter(openai_adapter: type) -> type:
         """slime's ``OpenAIAdapter``, which also binds each request's session while the request is served
         (``tokenizers.turn_session``), hands each turn it records to an ``AppendOnlyTokenizer`` (through the
         adapter's ``debug_callback``, slime's one hook that sees a recorded turn's tokens), gives the turn it
-        records the reply's reasoning as the client gets it back and every tool call of the reply, answers a chat
-        its template can't render with a 400 naming the template's error, kept as the session's
-        ``template_failure``, and a prompt that fills the context with OpenAI's 400, and tells the client when
-        SGLang aborted or cut the reply. A reply a weight update cut is answered with a 503 instead, and the chat
-        sent again goes on from the cut (``resumes``, with slime's ``TrajectoryManager`` subclassed to record the cut
-        and the rest as one turn)."""
+        records the reply's reasoning as the client gets it back and every tool call of the reply, keeps each open
+        session's ``unrecorded_turns``, answers a chat its template can't render with a 400 naming the template's
+        error, kept as the session's ``template_failure``, and a prompt that fills the context with OpenAI's 400, and
+        tells the client when SGLang aborted or cut the reply. A reply a weight update cut is answered with a 503
+        instead, and the chat sent again goes on from the cut (``resumes``, with slime's ``TrajectoryManager``
+        subclassed to record the cut and the rest as one turn). Its trajectory manager forks rather than REALIGNs
+        (``fork_threshold_tokens=0``: slime REALIGNs a turn whose prompt parts from the held tokens inside the last
+        reply, when that reply is shorter than the threshold, and turns the reply's training off)."""
 
         def __init__(self, *, tokenizer: Any, **kwargs: Any):
             self._appended = tokenizer if isinstance(tokenizer, AppendOnlyTokenizer) else None
-            recorded = self._appended.record if self._appended is not None else None
+            recorded = self._held_for_next_turn if self._appended is not None else None
             self.resumes = Resumes()
-            super().__init__(tokenizer=ResumingTokenizer(tokenizer, self.resumes), debug_callback=recorded, **kwargs)
-            self.manager = resuming_manager(self.resumes, kwargs.get("fork_threshold_tokens"))
-            self._template_failures: dict[str, str | None] = {}
+            super().__init__(
+                tokenizer=ResumingTokenizer(tokenizer, self.resumes),
+                fork_threshold_tokens=0,
+                debug_callback=recorded,
+                **kwargs,
+            )
+            self.manager = resuming_manager(self.resumes, fork_threshold_tokens=0)
+            self._sessions: dict[str, _SessionNotes] = {}
             self.app.middlewares.append(self._answer_refused_turns)
+
+        def _held_for_next_turn(self, sid: str, *recorded: Any) -> None:
+            """The turn slime records for session ``sid``, held by the append-only tokenizer; slime only logs what
+            its ``debug_callback`` raises, so a failure is also kept for the session's episode to be flagged."""
+            if self._appended is None:
+                return
+            try:
+                self._appended.record(sid, *recorded)
+            except Exception as failed:
+                if (notes := self._sessions.get(sid)) is not None:
+                    notes.unrecorded.append(
+                        f"model call {notes.replies}'s turn couldn't be held for the next one "
+                        f"({type(failed).__name__}: {failed}), so the next turn is rendered whole"
+                    )
+                raise
 
         @web.middleware
         async def _answer_refused_turns(self, request: web.Request, handler: Any) -> web.StreamResponse:
             try:
                 return await handler(request)
             except ChatTemplateFailed as failed:
-                if failed.session in self._template_failures:
-                    self._template_failures[failed.session] = failed.message
+                if (notes := self._sessions.get(failed.session or "")) is not None:
+                    notes.template_failure = failed.message
                 return _refusal(str(failed), "chat_template_failed")
             except ContextFull as full:
                 return _refusal(str(full), "context_length_exceeded")
 
         def template_failure(self, sid: str) -> str | None:
-            return self._template_failures.get(sid)
+            notes = self._sessions.get(sid)
+            return notes.template_failure if notes is not None else None
+
+        def turns_not_appended(self, sid: str) -> list[TurnNotAppended]:
+            return self._appended.turns_not_appended(sid) if self._appended is not None else []
+
+        def unrecorded_turns(self, sid: str) -> list[str]:
+            notes = self._sessions.get(sid)
+            return list(notes.unrecorded) if notes is not None else []
 
         def open_session(self, sid: str, *, resume: ResumePolicy | None = None, **kwargs: Any) -> None:
             super().open_session(sid, **kwargs)
-            self._template_failures[sid] = None
+            self._sessions[sid] = _SessionNotes()
             if resume is not None:
                 self.resumes.open(sid, resume, (kwargs.get("sampling_defaults") or {}).get("max_new_tokens"))
             if self._appended is not None:
@@ -273,7 +335,7 @@ def _episode_adapter(openai_adapter: type) -> type:
                 self._forget(sid)
 
         def _forget(self, sid: str) -> None:
-            self._template_failures.pop(sid, None)
+            self._sessions.pop(sid, None)
             self.resumes.forget(sid)
             if self._appended is not None:
                 self._appended.forget(sid)
@@ -303,6 +365,8 @@ def _episode_adapter(openai_adapter: type) -> type:
                 return reply
             if raw_finish in ("abort", "length"):
                 reply.wire = (reply.wire[0], raw_finish)
+            if (notes := self._sessions.get(turn_session.get() or "")) is not None:
+                notes.replies += 1
             return reply
 
         async def _respond(self, request: Any, body: dict, reply: Any, *args: Any) -> web.StreamResponse:

@@ -49,6 +49,11 @@ class UnappendableChat(SlimeSetupError):
     """``episode_append_only_chat: true`` was set, but the model's chat template can't be rendered append-only."""
 
 
+class UnsupportedTransformers(SlimeSetupError):
+    """The installed transformers renders chat templates otherwise than the helper's checks need: it leaves a
+    message's None-valued keys out, and the model's template writes tool calls only when a reply's content is None."""
+
+
 class RolloutStarved(RuntimeError):
     """slime's fully-async rollout drew ``fully_async_max_drawn_batches`` batches' worth of groups and the dynamic
     filter kept too few of them; the message counts the drops by reason and says what to do."""

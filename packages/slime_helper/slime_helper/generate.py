@@ -22,8 +22,10 @@ cut past ``episode_max_resumed_calls`` (FAILED, flagged ``resume_limit``). Under
 ``slime_helper.generate_rollout_fully_async`` an episode is one sample, not a list, and an episode that raises comes
 back as one flagged ``episode_raised``, since slime's worker would only log it. The episode's spans go on the
 sample's trace as they happen, and its outcome (``chat_core.EpisodeOutcome``) into every sample's metadata, with a
-``chat_template_failed`` flag with the template's message where the chat template couldn't render the chat, and the
-model calls asked again after a weight update cut them.
+``turn_not_appended`` flag for each later turn whose prompt couldn't be appended to the tokens the episode held (it
+was rendered whole, and slime may have started a new sample there), a ``turn_not_recorded`` flag for each turn the
+helper failed to hold for the next one, a ``chat_template_failed`` flag with the template's message where the chat
+template couldn't render the chat, and the model calls asked again after a weight update cut them.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import logging
 import uuid
 from argparse import Namespace
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from chat_core import OUTCOME_KEY, EpisodeOutcome, EpisodeResult, Flag, FlagKind, Limits, play
@@ -42,6 +44,7 @@ from slime_helper.adapter import AdapterService
 from slime_helper.fully_async import LAUNCH_FAULTS, note_launch_fault, note_worker_loop, takes_one_sample_per_episode
 from slime_helper.observability import SampleTrace
 from slime_helper.resume import Resumed, ResumePolicy, max_resumed_calls
+from slime_helper.tokenizers import TurnNotAppended
 
 logger = logging.getLogger(__name__)
 _LIMIT_SETTINGS = {
@@ -134,6 +137,7 @@ async def _played(
         resumed = service.resumed(sid)
         if resumed.limit is not None:
             result.flags = [_limit_flag(flag, resumed.limit) for flag in result.flags]
+        noted = _SessionNotes(service.turns_not_appended(sid), service.unrecorded_turns(sid), resumed)
         aborted = any(flag.kind == FlagKind.REPLY_ABORTED for flag in result.flags)
         played = []
         if not evaluation and not aborted and resumed.limit is None:
@@ -141,7 +145,7 @@ async def _played(
                 sid,
                 base_sample=sample,
                 reward=_reward_of(result),
-                extra_metadata=_metadata(sample, _outcome(result, resumed)),
+                extra_metadata=_metadata(sample, _outcome(result, noted)),
             )
             if one_per_episode and len(played) > 1:
                 result.flags.append(Flag(FlagKind.EPISODE_SPLIT, _split_message(len(played))))
@@ -152,7 +156,7 @@ async def _played(
         if not played:
             status = api.Sample.Status
             placeholder = status.COMPLETED if evaluation else status.ABORTED if aborted else status.FAILED
-            played = [_untrained(sample, _reward_of(result), _outcome(result, resumed), placeholder)]
+            played = [_untrained(sample, _reward_of(result), _outcome(result, noted), placeholder)]
         if not result.scored:
             logger.warning(
                 "%s episode %s is unscored: %s",
@@ -182,9 +186,32 @@ def _reward_of(result: EpisodeResult) -> float:
     return result.reward if result.scored else 0.0
 
 
-def _outcome(result: EpisodeResult, resumed: Resumed) -> EpisodeOutcome:
-    """The episode's outcome, with the model calls ``resumed`` after a weight update cut them."""
-    return replace(EpisodeOutcome.of(result), resumed_calls=resumed.calls, cut_tokens=resumed.cut_tokens)
+@dataclass(frozen=True)
+class _SessionNotes:
+    """What the adapter kept about an episode's session: the turns ``not_appended`` to the tokens of the turn before,
+    why each turn it failed to hold for the next one wasn't (``unrecorded``), and the model calls ``resumed`` after a
+    weight update cut them."""
+
+    not_appended: list[TurnNotAppended]
+    unrecorded: list[str]
+    resumed: Resumed
+
+
+def _outcome(result: EpisodeResult, noted: _SessionNotes) -> EpisodeOutcome:
+    """The episode's outcome, with a flag for each turn not appended and turn not recorded of ``noted``, and the
+    counts of those and of the resumed calls."""
+    outcome = EpisodeOutcome.of(result)
+    flags = (
+        *(Flag(FlagKind.TURN_NOT_APPENDED, turn.message) for turn in noted.not_appended),
+        *(Flag(FlagKind.TURN_NOT_RECORDED, why) for why in noted.unrecorded),
+    )
+    return replace(
+        outcome,
+        flags=outcome.flags + flags,
+        turns_not_appended=len(noted.not_appended),
+        resumed_calls=noted.resumed.calls,
+        cut_tokens=noted.resumed.cut_tokens,
+    )
 
 
 def _limit_flag(flag: Flag, limit: str) -> Flag:
@@ -217,9 +244,9 @@ def _metadata(sample: Any, outcome: EpisodeOutcome) -> dict[str, Any]:
 
 def _split_message(samples: int) -> str:
     return (
-        f"slime's adapter recorded the episode as {samples} samples (a turn's prompt didn't extend the tokens it held: "
-        "the tools changed between env turns), and slime's fully-async rollout takes one sample per episode; it is "
-        "left out of training with its group"
+        f"slime's adapter recorded the episode as {samples} samples (a turn's prompt didn't extend the tokens it held; "
+        "rendered append-only, a turn_not_appended flag says which and why), and slime's fully-async rollout takes "
+        "one sample per episode; it is left out of training with its group"
     )
 
 

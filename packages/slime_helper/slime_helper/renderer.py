@@ -6,13 +6,14 @@ reply. ``AppendOnlyRenderer`` renders them after a fixed stand-in chat whose las
 only what follows the stand-in's own render, so whatever the template writes between turns, around a run of tool
 answers, or as its generation prompt is the template's. Every render is checked: what comes before the added
 messages must be rendered as it was without them, and every added message must be there, in order. A system message
-the template can't place where it comes (Qwen3.5's raise, DeepSeek's move it to the top, MiniMax-M3's drop it) is
-rendered as the template renders a system message opening a chat.
+the template can't place where it comes (Qwen3.5's raise, DeepSeek's move it to the top, MiniMax's drop it) is
+rendered as the template renders a system message opening a chat, its whole turn: MiniMax-M2's ``]~b]system`` header
+and ``[e~[`` end included.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slime_helper.chat_template import ChatTemplate, TemplateFailed
@@ -21,7 +22,7 @@ _SYSTEM = {"role": "system", "content": "⟦stand-in system⟧"}
 _USER = {"role": "user", "content": "⟦stand-in user⟧"}
 _REPLY = "⟦stand-in reply⟧"
 _CALL = {"type": "function", "function": {"name": "stand_in", "arguments": {}}}
-_PROBES: tuple[tuple[dict[str, Any], ...], ...] = (
+PROBES: tuple[tuple[dict[str, Any], ...], ...] = (
     ({"role": "tool", "content": "Shelf 9C."}, {"role": "tool", "content": "Shelf 2A."}),
     ({"role": "user", "content": "And the apples?"},),
     ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "And the apples?"}),
@@ -48,15 +49,13 @@ class AppendOnlyRenderer:
         self._after_stand_in_reply: dict[int, str] = {}
         self.end_of_reply = self._rendered_after_stand_in_reply(0)
         """What the template writes after a reply's last word: ``<|im_end|>\\n`` for Qwen, nothing for GLM."""
-        marked = template.text([_SYSTEM, _USER], None, generation_prompt=False)
-        self._stand_in_head = marked.partition(_USER["content"])[0] + _USER["content"]
+        opening = template.text([_SYSTEM, _USER], None, generation_prompt=False)
+        self._stand_in_head = opening.partition(_USER["content"])[0] + _USER["content"]
         """The stand-in chat up to its user message's content, which what a turn adds must leave as it is."""
-        bare = template.text([_USER], None, generation_prompt=False)
-        suffix = _common_suffix(bare, marked)
-        prefix = _common_prefix(bare[: len(bare) - suffix], marked[: len(marked) - suffix])
-        self._around_opening_system = (marked[:prefix], marked[len(marked) - suffix :])
-        """What the template writes before and after a system message that opens a chat, found by rendering the
-        stand-in chat with and without its system message."""
+        self._generation_prompt = template.text([_SYSTEM, _USER], None, generation_prompt=True)[len(opening) :]
+        """What the template writes to open the model's turn after a user message."""
+        self._opening_system_bounds: tuple[str, str] | None = None
+        self._special_tokens = tuple(template.tokenizer.get_added_vocab())
 
     @classmethod
     def of(cls, template: ChatTemplate) -> AppendOnlyRenderer:
@@ -66,7 +65,7 @@ class AppendOnlyRenderer:
             renderer = cls(template)
         except TemplateFailed as failed:
             raise Unappendable(f"it can't render a stand-in chat ending in a reply: {failed}") from None
-        for added in _PROBES:
+        for added in PROBES:
             renderer.added_text(added)
         return renderer
 
@@ -80,25 +79,38 @@ class AppendOnlyRenderer:
             if not any(message.get("role") == "system" for message in added):
                 raise Unappendable(str(failed)) from None
         try:
-            return self.end_of_reply + "".join(self._piece_by_piece(_split_at_system_messages(added)))
+            return self.end_of_reply + self._with_opening_system_turns(added)
         except TemplateFailed as failed:
             raise Unappendable(str(failed)) from None
 
-    def _piece_by_piece(self, pieces: Sequence[Sequence[Mapping[str, Any]]]) -> Iterator[str]:
-        """Each of ``pieces`` (runs without a system message, and system messages alone) rendered after the
-        stand-in reply, the last with the generation prompt; a system message the template can't render there as
-        the template renders one opening a chat."""
-        for at, piece in enumerate(pieces):
-            last = at == len(pieces) - 1
-            if piece[0].get("role") != "system":
-                yield self._after_reply(piece, generation_prompt=last)
-                continue
-            try:
-                yield self._after_reply(piece, generation_prompt=last)
-            except (Unappendable, TemplateFailed):
-                yield self._as_opening_system_message(piece[0]) + (
-                    self._after_reply((), generation_prompt=True) if last else ""
-                )
+    def _with_opening_system_turns(self, added: Sequence[Mapping[str, Any]]) -> str:
+        """``added`` but its system messages, with the generation prompt, as the template renders them after the
+        stand-in reply; and each system message as the template renders one opening a chat, where the messages
+        before it end (in whole tokens: DeepSeek's template closes a run of tool answers only before a reply)."""
+        rest = [message for message in added if message.get("role") != "system"]
+        text = self._after_reply(rest, generation_prompt=True)
+        turns: list[tuple[int, str]] = []
+        for at, message in enumerate(added):
+            if message.get("role") == "system":
+                before = [earlier for earlier in added[:at] if earlier.get("role") != "system"]
+                turns.append((self._end_of(before, text), self.opening_system_turn(message)))
+        for at, turn in reversed(turns):
+            text = text[:at] + turn + text[at:]
+        return text
+
+    def _end_of(self, before: Sequence[Mapping[str, Any]], text: str) -> int:
+        """Where the messages ``before`` end in ``text``, the render of messages they open after the stand-in reply:
+        past what ``text`` shares with their render alone, short of a special token that sharing cuts into
+        (DeepSeek's template closes a run of tool answers only before a reply)."""
+        if not before:
+            return 0
+        alone = self._after_reply(before, generation_prompt=False)
+        end = _common_prefix(alone, text)
+        for special in self._special_tokens:
+            start = text.find(special, max(0, end - len(special) + 1), end + len(special) - 1)
+            if 0 <= start < end < start + len(special):
+                end = start
+        return end
 
     def _after_reply(self, added: Sequence[Mapping[str, Any]], *, generation_prompt: bool) -> str:
         """``added`` and, when ``generation_prompt``, the generation prompt, as the template renders them after
@@ -126,17 +138,51 @@ class AppendOnlyRenderer:
             self._after_stand_in_reply[calls] = rendered.partition(_REPLY)[2]
         return self._after_stand_in_reply[calls]
 
-    def _as_opening_system_message(self, message: Mapping[str, Any]) -> str:
-        """System ``message`` as the template renders a system message that opens a chat. Raises Unappendable when
-        the template renders it otherwise than the stand-in system message."""
-        before, after = self._around_opening_system
+    def opening_system_turn(self, message: Mapping[str, Any]) -> str:
+        """System ``message`` as the template writes a system message that opens a chat: its whole turn, from where
+        the turn opens (past the template's beginning-of-sequence tokens, at the token that opens every turn where
+        the template has one: Qwen's ``<|im_start|>``, MiniMax's ``]~b]``) up to the user message after it. Raises
+        Unappendable when the template writes that user message otherwise than after a reply, or writes ``message``
+        otherwise than the stand-in system message."""
+        before, user_turn = self._around_opening_system_turn()
         rendered = self.template.text([message, _USER], None, generation_prompt=False)
-        if not rendered.startswith(before) or not rendered.endswith(after) or len(rendered) < len(before + after):
+        if not rendered.startswith(before) or not rendered.endswith(user_turn):
             raise Unappendable("it renders a system message opening a chat otherwise than its stand-in")
-        text = rendered[len(before) : len(rendered) - len(after)]
+        text = rendered[len(before) : len(rendered) - len(user_turn)]
         if not _holds_in_order(text, [message]):
             raise Unappendable("it leaves out a system message opening a chat")
         return text
+
+    def _around_opening_system_turn(self) -> tuple[str, str]:
+        """What the template writes before a system message's turn that opens a chat, and the user turn after it, as
+        it writes them around the stand-in system message."""
+        if self._opening_system_bounds is None:
+            user_turn = self._after_reply([_USER], generation_prompt=False)
+            rendered = self.template.text([_SYSTEM, _USER], None, generation_prompt=False)
+            if not rendered.endswith(user_turn):
+                raise Unappendable(
+                    "it writes a user message after an opening system message otherwise than after a reply"
+                )
+            head = rendered[: len(rendered) - len(user_turn)]
+            self._opening_system_bounds = (head[: self._turn_start(head, user_turn)], user_turn)
+        return self._opening_system_bounds
+
+    def _turn_start(self, head: str, user_turn: str) -> int:
+        """Where the first message's turn starts in ``head``, a chat's render up to its second message, a user
+        message rendered as ``user_turn``: past the whole tokens it shares with the render of a chat opening with a
+        user message, then back to the last token that opens a turn in what they share, where the template writes one
+        (what opens both a user turn and the model's). A template writing a system prompt of its own into a chat
+        without one (MiniMax's) shares that turn's opening up to its content, so only the token opening it says
+        where it starts."""
+        ids, decode = self.template.ids, self.template.tokenizer.decode
+        head_ids = ids(head)
+        bare_ids = ids(self.template.text([_USER], None, generation_prompt=False))
+        shared = decode(head_ids[: _common_prefix(head_ids, bare_ids)])
+        if not head.startswith(shared):
+            raise Unappendable("its tokens don't decode to the text they were encoded from")
+        user_ids, model_ids = ids(user_turn), ids(self._generation_prompt)
+        opener = decode(user_ids[: _common_prefix(user_ids, model_ids)])
+        return head.rfind(opener, 0, len(shared)) if opener and opener in shared else len(shared)
 
 
 def _stand_in(calls: int) -> list[dict[str, Any]]:
@@ -145,16 +191,6 @@ def _stand_in(calls: int) -> list[dict[str, Any]]:
     if calls:
         reply["tool_calls"] = [_CALL] * calls
     return [_SYSTEM, _USER, reply]
-
-
-def _split_at_system_messages(added: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
-    pieces: list[list[Mapping[str, Any]]] = []
-    for message in added:
-        if message.get("role") == "system" or not pieces or pieces[-1][0].get("role") == "system":
-            pieces.append([message])
-        else:
-            pieces[-1].append(message)
-    return pieces
 
 
 def _holds_in_order(text: str, messages: Sequence[Mapping[str, Any]]) -> bool:
@@ -170,14 +206,10 @@ def _holds_in_order(text: str, messages: Sequence[Mapping[str, Any]]) -> bool:
     return True
 
 
-def _common_prefix(a: str, b: str) -> int:
+def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     size = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
             break
         size += 1
     return size
-
-
-def _common_suffix(a: str, b: str) -> int:
-    return _common_prefix(a[::-1], b[::-1])

@@ -15,7 +15,8 @@ it with an empty reply cut at ``length`` and record that turn, its prompt tokens
 slime's adapter asks for a turn's prompt with the chat alone. The session it belongs to comes from
 ``turn_session``, which ``slime_helper.adapter``'s adapter sets for each request before rendering it, and the turn
 it records comes back through ``record``; sessions the adapter didn't open (a client naming none lands in slime's
-``"default"`` session, which many chats share) are rendered whole every turn.
+``"default"`` session, which many chats share) are rendered whole every turn. A later turn of an open session that
+can't be appended is rendered whole and kept, with why, in ``turns_not_appended``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,23 @@ class HeldTurn:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     tokens: list[int]
+
+
+@dataclass(frozen=True)
+class TurnNotAppended:
+    """The prompt of a session's ``call``-th model call (counted from 1, as the replies its chat holds), which
+    couldn't be appended to the tokens the session's last recorded turn held (``why``), so it was rendered whole."""
+
+    call: int
+    why: str
+
+    @property
+    def message(self) -> str:
+        return (
+            f"model call {self.call}'s prompt couldn't be appended to the tokens of the turn before ({self.why}), so "
+            "it was rendered whole with the chat template; where that doesn't extend the tokens the episode held, "
+            "slime starts a new sample of the episode there"
+        )
 
 
 class WholeChatTokenizer:
@@ -111,14 +129,21 @@ class AppendOnlyTokenizer(WholeChatTokenizer):
         self._renderer = renderer
         self._special_tokens = {ids: text for text, ids in renderer.template.tokenizer.get_added_vocab().items()}
         self._held: dict[str, HeldTurn | None] = {}
+        self._not_appended: dict[str, list[TurnNotAppended]] = {}
 
     def open(self, sid: str) -> None:
         """Render session ``sid`` append-only from its next turn on."""
         self._held[sid] = None
+        self._not_appended[sid] = []
 
     def forget(self, sid: str) -> None:
         """Drop what session ``sid`` holds; its later turns, if any, are rendered whole."""
         self._held.pop(sid, None)
+        self._not_appended.pop(sid, None)
+
+    def turns_not_appended(self, sid: str) -> list[TurnNotAppended]:
+        """The turns of open session ``sid`` after its first that were rendered whole, and why."""
+        return list(self._not_appended.get(sid, ()))
 
     def record(
         self,
@@ -146,27 +171,39 @@ class AppendOnlyTokenizer(WholeChatTokenizer):
         the same tools and no assistant turn of its own, the held tokens and what follows them; otherwise the whole
         chat, rendered by the template."""
         sid = turn_session.get()
-        held = self._held.get(sid) if sid is not None and tokenize and add_generation_prompt else None
-        if held is None:
+        if sid not in self._held or not tokenize or not add_generation_prompt:
+            return super().apply_chat_template(conversation, tools, tokenize, add_generation_prompt)
+        if (held := self._held[sid]) is None:
+            if any(message.get("role") == "assistant" for message in conversation):
+                why = "the turn before it wasn't held"
+                return self._rendered_whole(sid, why, conversation, tools, tokenize, add_generation_prompt)
             return super().apply_chat_template(conversation, tools, tokenize, add_generation_prompt)
         if (added := _messages_added(conversation, tools, held)) is None:
-            logger.warning(
-                "[slime_helper] session %s: this turn's chat doesn't extend the last turn's with the same tools, so it "
-                "is rendered whole and slime starts a new sample of the episode here",
-                sid,
-            )
-            return super().apply_chat_template(conversation, tools, tokenize, add_generation_prompt)
+            why = "its chat doesn't extend the last turn's with the same tools"
+            return self._rendered_whole(sid, why, conversation, tools, tokenize, add_generation_prompt)
         try:
             added_text = self._renderer.added_text(added)
         except (Unappendable, TemplateFailed) as failed:
-            logger.warning(
-                "[slime_helper] session %s: the chat template can't render this turn's messages after the last "
-                "reply (%s), so the turn is rendered whole and slime starts a new sample of the episode here",
-                sid,
-                failed,
-            )
-            return super().apply_chat_template(conversation, tools, tokenize, add_generation_prompt)
+            why = f"the chat template can't render its messages after the last reply: {failed}"
+            return self._rendered_whole(sid, why, conversation, tools, tokenize, add_generation_prompt)
         return self._fitting(self._joined(held.tokens, added_text))
+
+    def _rendered_whole(
+        self,
+        sid: str,
+        why: str,
+        conversation: Sequence[Mapping[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        tokenize: bool,
+        add_generation_prompt: bool,
+    ) -> Any:
+        """``conversation`` rendered whole for a later turn of open session ``sid``, kept with ``why`` it wasn't
+        appended."""
+        call = 1 + sum(message.get("role") == "assistant" for message in conversation)
+        not_appended = TurnNotAppended(call, why)
+        self._not_appended[sid].append(not_appended)
+        logger.warning("[slime_helper] session %s: %s", sid, not_appended.message)
+        return super().apply_chat_template(conversation, tools, tokenize, add_generation_prompt)
 
     def _joined(self, held: Sequence[int], added_text: str) -> list[int]:
         """``held`` (a turn's prompt and reply tokens) followed by the tokens of ``added_text``, less the special

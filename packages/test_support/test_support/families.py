@@ -4,8 +4,9 @@ chat_template.jinja), its thinking switch, the SGLang parsers to launch it with,
 and ``written``, a scripted reply as the family's own chat template writes it, which is what a stand-in for SGLang
 answers with.
 
-The package ships GLM-5's template and config without a tokenizer.json, since GLM-5 tokenizes as GLM-4.7-Flash
-does (its ``_TOKENIZER_SRC``); Qwen3.6's likewise takes Qwen3.5's.
+The package ships GLM-5's, GLM-5.1's and GLM-5.2's templates and configs without a tokenizer.json, since they
+tokenize as GLM-4.7-Flash does (its ``_TOKENIZER_SRC``); Qwen3.6's likewise takes Qwen3.5's. MiniMax-M2's folder is
+``minimax``; QwQ-32B's template is in its ``tokenizer_config.json``.
 """
 
 from __future__ import annotations
@@ -90,6 +91,14 @@ FAMILIES = (
         "GLM-5", "glm-5", "glm-4.7-flash", "glm_moe_dsa", _switched("enable_thinking", True, False), "glm47", "glm45",
         "<|user|>", "<|observation|>", "",
     ),
+    Family(
+        "GLM-5.1", "glm-5.1", "glm-4.7-flash", "glm_moe_dsa", _switched("enable_thinking", True, False), "glm47",
+        "glm45", "<|user|>", "<|observation|>", "",
+    ),
+    Family(
+        "GLM-5.2", "glm-5.2", "glm-4.7-flash", "glm_moe_dsa", _switched("enable_thinking", True, False), "glm47",
+        "glm45", "<|user|>", "<|observation|>", "",
+    ),
     Family("DeepSeek-V3", "deepseek-v3", "deepseek-v3", "deepseek_v3", ALWAYS, "deepseekv3", None, _DEEPSEEK_STOP,
            _DEEPSEEK_STOP, _DEEPSEEK_STOP),
     Family(
@@ -100,6 +109,14 @@ FAMILIES = (
         "DeepSeek-R1", "deepseek-r1", "deepseek-r1", "deepseek_v3", (Mode("always thinking", {}, True),),
         "deepseekv3", "deepseek-r1", _DEEPSEEK_STOP, _DEEPSEEK_STOP, _DEEPSEEK_STOP, think_end="\n</think>\n\n",
     ),
+    Family(
+        "MiniMax-M2", "minimax", "minimax", "minimax_m2", (Mode("always thinking", {}, True),), "minimax-m2",
+        "minimax", "[e~[", "[e~[", "[e~[\n",
+    ),
+    Family(
+        "QwQ-32B", "qwq-32b", "qwq-32b", "qwen2", (Mode("always thinking", {}, True),), "qwen25", "deepseek-r1",
+        _QWEN_STOP, _QWEN_STOP, _QWEN_END, think_end="\n</think>\n\n",
+    ),
 )  # fmt: skip
 """The families the slime tier proves one sample per episode for."""
 MINIMAX_M3 = Family(
@@ -109,6 +126,14 @@ MINIMAX_M3 = Family(
     None, "minimax", "[e~[", "[e~[", "[e~[\n",
 )  # fmt: skip
 """MiniMax-M3, whose tool calls no SGLang tool-call parser reads (its ``minimax-m2`` parser is for M2's format)."""
+
+
+def family_named(name: str) -> Family:
+    """The family of ``FAMILIES`` (or MiniMax-M3) called ``name``. Raises KeyError for another name."""
+    found = [family for family in (*FAMILIES, MINIMAX_M3) if family.name == name]
+    if not found:
+        raise KeyError(f"no model family is called {name!r}")
+    return found[0]
 
 
 def written(tokenizer: Any, family: Family, mode: Mode, reply: Reply, reasoning: str = "") -> str:

@@ -5,7 +5,8 @@ agent-env's own env types deploy through Docker, which test machines lack. This 
 sandbox, a work folder on this machine, and starts ``tool_server.py`` in it. The sandbox is recorded on the deployed
 env, so the run's normal teardown stops the server and removes the folder, on an abandoned episode and at server
 shutdown too. A bundle's ``envs/<name>/env.toml`` names it with ``type = "local_tools"`` and may set
-``stock = { <crate> = "<shelf>", ... }``, the crates the warehouse starts with.
+``stock = { <crate> = "<shelf>", ... }``, the crates the warehouse starts with, and ``ships = true``, for a warehouse
+whose tools also list ``ship_crate`` once a crate was added (tools that change between an episode's turns).
 """
 
 from __future__ import annotations
@@ -34,26 +35,34 @@ class LocalToolsEnv(Env):
     description = "A warehouse's MCP tools, served from a local sandbox on this machine"
 
     def __init__(
-        self, id: str, version: int | None, stock: dict[str, str] | None = None, metadata: dict[str, Any] | None = None
+        self,
+        id: str,
+        version: int | None,
+        stock: dict[str, str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        ships: bool = False,
     ):
         super().__init__(id, version, metadata=metadata)
         self.stock = dict(stock or {})
+        self.ships = ships
 
     def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "stock": self.stock}
+        return {**super().to_dict(), "stock": self.stock, "ships": self.ships}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LocalToolsEnv:
         """The env a stored document or an env.toml describes. Raises ValueError for a key it doesn't take, and for a
-        ``stock`` that isn't a table of crate names to shelves."""
-        if unknown := sorted(set(data) - {"id", "type", "version", "metadata", "stock"}):
-            raise ValueError(f"a local_tools env takes stock, not {', '.join(unknown)}")
+        ``stock`` that isn't a table of crate names to shelves, or ``ships`` that isn't true or false."""
+        if unknown := sorted(set(data) - {"id", "type", "version", "metadata", "stock", "ships"}):
+            raise ValueError(f"a local_tools env takes stock and ships, not {', '.join(unknown)}")
         stock = data.get("stock") or {}
         if not (isinstance(stock, dict) and all(isinstance(v, str) for v in stock.values())):
             raise ValueError(
                 f'stock must be a table of crate names to shelves, such as {{ apples = "4B" }}, not {stock!r}'
             )
-        return cls(id=data["id"], version=data.get("version"), stock=stock, metadata=data.get("metadata"))
+        if not isinstance(ships := data.get("ships", False), bool):
+            raise ValueError(f"ships is true or false, not {ships!r}")
+        return cls(id=data["id"], version=data.get("version"), stock=stock, metadata=data.get("metadata"), ships=ships)
 
     async def deploy(self, *, sandbox_type: str | None = None, **options: Any) -> DeployedSandboxEnv:
         """Start a tool server in a new local sandbox and return its record, whose sandbox the run tears down.
@@ -63,7 +72,7 @@ class LocalToolsEnv(Env):
             raise ValueError(f"a local_tools env runs only in a local sandbox, not a {sandbox_type!r} one")
         sandbox = await build_sandbox_provider("local").create_vm()
         try:
-            port = await _start_tool_server(sandbox, self.stock)
+            port = await _start_tool_server(sandbox, self.stock, self.ships)
         except BaseException:
             await sandbox.terminate()
             await asyncio.to_thread(remove_local_work_dir, sandbox.sandbox_id)
@@ -77,10 +86,12 @@ class LocalToolsEnv(Env):
         )
 
 
-async def _start_tool_server(sandbox: LocalSandbox, stock: dict[str, str]) -> int:
+async def _start_tool_server(sandbox: LocalSandbox, stock: dict[str, str], ships: bool) -> int:
     """The port of a tool server started through the sandbox, which marks it as the sandbox's to stop."""
     port_file, log = sandbox.work_dir / "port", sandbox.work_dir / "tool_server.log"
-    command = shlex.join([sys.executable, str(TOOL_SERVER), str(port_file), json.dumps(stock)])
+    command = shlex.join(
+        [sys.executable, str(TOOL_SERVER), str(port_file), json.dumps(stock), *(["ships"] if ships else [])]
+    )
     pid = int((await sandbox.exec_script(f"nohup {command} >{shlex.quote(str(log))} 2>&1 & echo $!")).strip())
     deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
     while not port_file.exists():

@@ -3,8 +3,10 @@ blink rather than after the seconds the ``mcp`` package takes to import.
 
 It speaks MCP's streamable-HTTP transport in its plain-JSON form: every JSON-RPC request POSTed to it is answered
 with one JSON reply, a notification with 202, and it keeps no session. ``local_tools_env`` starts one per episode
-as ``python tool_server.py PORT_FILE STOCK_JSON``: it binds a free loopback port, writes the port to PORT_FILE once
-it listens, and serves until it is stopped. The warehouse starts with the crates STOCK_JSON maps to their shelves.
+as ``python tool_server.py PORT_FILE STOCK_JSON [ships]``: it binds a free loopback port, writes the port to
+PORT_FILE once it listens, and serves until it is stopped. The warehouse starts with the crates STOCK_JSON maps to
+their shelves; with ``ships``, once a crate was added its tools also list ``ship_crate``, so an episode's tools
+change between its turns.
 """
 
 from __future__ import annotations
@@ -56,12 +58,31 @@ TOOLS = [
 ]
 
 
-class Warehouse:
-    """The crates and their shelves. Tool calls arrive on the server's threads, so each holds the lock."""
+SHIP_CRATE = {
+    "name": "ship_crate",
+    "description": "Ship a crate out of the warehouse.",
+    "inputSchema": {
+        "type": "object",
+        "properties": {"name": {"type": "string", "description": "The crate's name."}},
+        "required": ["name"],
+    },
+}
 
-    def __init__(self, stock: dict[str, str]):
+
+class Warehouse:
+    """The crates and their shelves; with ``ships``, ``ship_crate`` is among its tools once a crate was added. Tool
+    calls arrive on the server's threads, so each holds the lock."""
+
+    def __init__(self, stock: dict[str, str], *, ships: bool = False):
         self._shelves = dict(stock)
         self._lock = threading.Lock()
+        self._ships = ships
+        self._added = False
+
+    def tools(self) -> list[dict[str, Any]]:
+        """The tools the warehouse lists now."""
+        with self._lock:
+            return [*TOOLS, SHIP_CRATE] if self._ships and self._added else list(TOOLS)
 
     def call(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
         """The text a tool call answers with, and whether it is an error: an unknown tool, or arguments it can't
@@ -76,7 +97,7 @@ class Warehouse:
             if name == "list_crates":
                 return json.dumps(sorted(self._shelves)), False
             crate = arguments.get("name")
-            if name not in ("find_crate", "add_crate"):
+            if name not in ("find_crate", "add_crate", *(("ship_crate",) if self._ships and self._added else ())):
                 return f"there is no tool {name!r}", True
             if not isinstance(crate, str) or not crate.strip():
                 return f"{name} needs the crate's name as a non-empty string, not {crate!r}", True
@@ -85,9 +106,14 @@ class Warehouse:
                 if crate not in self._shelves:
                     return f"there is no crate {crate!r}; the crates are {', '.join(sorted(self._shelves))}", True
                 return f"The crate {crate!r} is on shelf {self._shelves[crate]}.", False
+            if name == "ship_crate":
+                if self._shelves.pop(crate, None) is None:
+                    return f"there is no crate {crate!r} to ship", True
+                return f"Shipped the crate {crate!r}.", False
             if crate in self._shelves:
                 return f"there is already a crate {crate!r}", True
             self._shelves[crate] = NEW_CRATE_SHELF
+            self._added = True
             return f"Added the crate {crate!r}; the warehouse holds {len(self._shelves)} crates.", False
 
 
@@ -110,7 +136,7 @@ def answer(warehouse: Warehouse, message: Any) -> dict[str, Any] | None:
     if method == "ping":
         return _result(message, {})
     if method == "tools/list":
-        return _result(message, {"tools": TOOLS})
+        return _result(message, {"tools": warehouse.tools()})
     if method == "tools/call":
         arguments = params.get("arguments") or {}
         if not isinstance(arguments, dict):
@@ -168,9 +194,11 @@ def _handler(warehouse: Warehouse) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def main(port_file: str, stock: str) -> None:
-    """Serve the warehouse stocked with ``stock`` (JSON) until stopped, once the port is in ``port_file``."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(Warehouse(json.loads(stock))))
+def main(port_file: str, stock: str, ships: str = "") -> None:
+    """Serve the warehouse stocked with ``stock`` (JSON) until stopped, once the port is in ``port_file``; it lists
+    ``ship_crate`` once a crate was added when ``ships`` is ``ships``."""
+    warehouse = Warehouse(json.loads(stock), ships=ships == "ships")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(warehouse))
     server.daemon_threads = True
     written = f"{port_file}.partial"
     with open(written, "w") as out:

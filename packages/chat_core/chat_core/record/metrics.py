@@ -30,9 +30,9 @@ def episode_metrics(outcomes: Sequence[EpisodeOutcome], samples: Sequence[int]) 
     - ``truncated_share``: the share of episodes with a reply cut by the token limit;
     - ``cut_short_share/<kind>``: the share of episodes cut short by a full context (``context_exhausted``) or a
       cut reply (``response_limit``), scored or not;
-    - ``turns``, ``tool_calls``, ``tool_errors``, ``dropped_tool_calls``, ``tool_answers_cut``, ``resumed_calls``
-      (model calls a weight update cut that were asked again), ``cut_tokens`` (the tokens they had generated when
-      cut): ``…_mean`` and ``…_p90`` per episode;
+    - ``turns``, ``tool_calls``, ``tool_errors``, ``dropped_tool_calls``, ``tool_answers_cut``,
+      ``turns_not_appended``, ``resumed_calls`` (model calls a weight update cut that were asked again),
+      ``cut_tokens`` (the tokens they had generated when cut): ``…_mean`` and ``…_p90`` per episode;
     - ``tool_answer_bytes_cut_mean``: what was cut of the tool answers, in bytes per episode;
     - ``env_s_mean``, ``model_s_mean``, ``capacity_wait_s_mean``, ``wall_s_mean``: seconds per episode.
 
@@ -63,6 +63,7 @@ def episode_metrics(outcomes: Sequence[EpisodeOutcome], samples: Sequence[int]) 
         "tool_answers_cut",
         "resumed_calls",
         "cut_tokens",
+        "turns_not_appended",
     ):
         values = [getattr(outcome, name) for outcome in outcomes]
         metrics[f"{name}_mean"] = statistics.fmean(values)

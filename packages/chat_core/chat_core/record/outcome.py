@@ -35,7 +35,8 @@ class EpisodeOutcome:
     ``Limits.max_tool_answer_chars``; ``tool_answer_bytes_cut``: what was cut of them, in UTF-8 bytes.
     ``resumed_calls``: model calls the trainer cut to update its weights that were asked again, the episode playing
     on; ``cut_tokens``: the tokens those calls had generated when cut, which the reply went on from (both a helper's
-    count). A field added after a record was written reads 0 there."""
+    count). ``turns_not_appended``: turns whose prompt couldn't be appended to the tokens of the turn before
+    (flagged ``turn_not_appended``; a helper's count). A field added after a record was written reads 0 there."""
 
     reward: float | None
     scored: bool
@@ -57,6 +58,7 @@ class EpisodeOutcome:
     tool_answer_bytes_cut: int = 0
     resumed_calls: int = 0
     cut_tokens: int = 0
+    turns_not_appended: int = 0
 
     @classmethod
     def of(cls, result: EpisodeResult) -> EpisodeOutcome:

@@ -21,6 +21,12 @@ class FlagKind(StrEnum):
       call.
     - ``tool_calls_dropped``: slime's adapter passed on only the first of a reply's tool calls, so the env never ran
       the others (slime_helper's flag until it passed every call on; read back from the records of that time only).
+    - ``turn_not_appended``: a turn's prompt couldn't be appended to the tokens of the turn before, so the trainer's
+      chat endpoint rendered its whole chat, and the trainer may have started a new sample of the episode there
+      (a helper's flag; slime's fully-async rollout, which takes one sample per episode, also flags the episode
+      ``episode_split`` when it did).
+    - ``turn_not_recorded``: the helper failed to hold a turn the trainer recorded for the next turn's prompt, so
+      the next turn couldn't be appended (a helper's flag; the trainer only logs the failure).
 
     Fatal (in ``FATAL``), leaving the episode unscored:
 
@@ -86,6 +92,8 @@ class FlagKind(StrEnum):
     RESPONSE_LIMIT = "response_limit"
     RESUME_LIMIT = "resume_limit"
     EPISODE_RAISED = "episode_raised"
+    TURN_NOT_APPENDED = "turn_not_appended"
+    TURN_NOT_RECORDED = "turn_not_recorded"
 
 
 CUT_SHORT = frozenset({FlagKind.CONTEXT_EXHAUSTED, FlagKind.RESPONSE_LIMIT})
@@ -96,6 +104,8 @@ FATAL = frozenset(FlagKind) - {
     FlagKind.TOOL_CALL_LIMIT,
     FlagKind.REPLY_TRUNCATED,
     FlagKind.TOOL_CALLS_DROPPED,
+    FlagKind.TURN_NOT_APPENDED,
+    FlagKind.TURN_NOT_RECORDED,
 }
 
 
