@@ -24,10 +24,12 @@ from typing import Any
 
 import pytest
 from chat_core import EpisodeOutcome, FlagKind
+from exact_samples import Prompts, exact_episode
 from family_play import FamilyLaunch, family_launcher, served_rows, sessions_of, whole_episode, writes_as
 from rollout import group_of, rollout, split_response
 from sglang_stand_in import StandInSGLang
 from slime_helper import AdapterService
+from slime_helper.chat_template import ChatTemplate
 from test_support import text, tool_call, tool_calls
 from test_support.families import FAMILIES
 
@@ -145,12 +147,13 @@ def _in_order(text_: str, parts: list[str]) -> bool:
     ids=[f"{f.name}-{m.name}".replace(" ", "-") for f, m, _ in FAMILY_MODES],
 )
 def test_every_family_runs_answers_and_trains_every_parallel_tool_call_in_one_exact_sample(
-    family, mode, reasoning_parser, family_launches, restock_group, sglang
+    family, mode, reasoning_parser, family_launches, restock_group, sglang, monkeypatch
 ):
     args, tokenizer = family_launches(family, mode, reasoning_parser)
     scripts = iter((ADDS, FORGETS))
     sglang.script_of = lambda prompt: next(scripts)
     sglang.writes = writes_as(tokenizer, family, mode)
+    prompts = Prompts(AdapterService.of(args).adapter.tokenizer, type(tokenizer), monkeypatch)
 
     episodes = rollout(args, copy.deepcopy(restock_group))
 
@@ -163,6 +166,9 @@ def test_every_family_runs_answers_and_trains_every_parallel_tool_call_in_one_ex
         tokens, mask, logprobs = whole_episode(replies)
         assert sample.response_length == len(sample.loss_mask) == len(tokens) - len(replies[0].prompt)
         assert sample.loss_mask == mask and sample.rollout_log_probs == logprobs
+        exact_episode(
+            samples, prompts.of(replies[0].routing_key), replies, ChatTemplate(tokenizer, mode.template_kwargs)
+        )
         outcome = _outcome(sample)
         assert outcome.scored and sample.reward == outcome.reward and outcome.flags == ()
         answers = [answer for reply in ANSWERS[outcome.reward] for answer in reply[: CALLS_A_REPLY.get(family.name)]]

@@ -134,7 +134,7 @@ def test_a_later_reply_a_weight_update_cut_goes_on_from_the_cut_within_the_token
     assert asked["sampling_params"]["max_new_tokens"] == 30 - len(cut.output)
     assert rest.finish == "length" and trained == first.output + cut.output + rest.output
     assert tokenizer.decode(cut.output + rest.output) == tokenizer.decode(tokenizer.encode(reply)[:30])
-    assert [str(flag.kind) for flag in outcome_of(sample).flags] == ["reply_truncated"]
+    assert [str(flag.kind) for flag in outcome_of(sample).flags] == ["response_limit"]
     assert (outcome_of(sample).resumed_calls, outcome_of(sample).cut_tokens) == (1, len(cut.output))
 
 
