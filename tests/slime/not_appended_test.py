@@ -85,7 +85,7 @@ def test_a_turn_whose_tools_changed_starts_a_new_sample_flagged_and_counted_each
 
     episodes = rollout(args, group_of(args, "ships"))
 
-    assert isinstance(AdapterService.of(args).adapter.tokenizer, AppendOnlyTokenizer)
+    assert AdapterService.of(args).append_only
     for samples, (sid, replies) in zip(episodes, sessions_of(sglang.generated, prompts).items(), strict=True):
         assert len(samples) == 2 and len(replies) == len(SHIPPING)
         exact_episode(samples, prompts.of(sid), replies, ChatTemplate(tokenizer, {}))
