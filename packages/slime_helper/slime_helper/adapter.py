@@ -218,7 +218,7 @@ def _tokenizer(
         )
         return WholeChatTokenizer(template, max_context_tokens)
     try:
-        tokenizer, differences = proven_tokenizer(template)
+        tokenizer, differences = proven_tokenizer(template, max_context_tokens)
     except Unappendable as why:
         if append_only:
             raise UnappendableChat(
