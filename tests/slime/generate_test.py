@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
+from dataclasses import replace
 
 import pytest
 from chat_core import EpisodeOutcome
@@ -21,6 +22,8 @@ from test_support import REWARDS, delay, error, text, tool_call
 
 FIND_PEARS = '<tool_call>\n{"name": "find_crate", "arguments": {"name": "pears"}}\n</tool_call><|im_end|>'
 PEARS_REPLY = "The crate of pears is on shelf 9C.<|im_end|>"
+TIMED = {"env_s": 0.0, "model_s": 0.0, "capacity_wait_s": 0.0, "wall_s": 0.0}
+"""The outcome's timings, which differ from one play of an episode to the next."""
 
 
 def kept(args, played) -> tuple[bool, str | None]:
@@ -64,6 +67,35 @@ def test_a_played_row_trains_the_tool_call_and_the_reply_and_masks_the_tool_answ
         trained_logprobs = [lp for lp, mask in zip(sample.rollout_log_probs, sample.loss_mask, strict=True) if mask]
         assert all(logprob < 0 for logprob in trained_logprobs)
     assert kept(args, played) == (True, None)
+
+
+def test_an_episode_answered_in_process_comes_back_as_it_does_over_the_adapters_http_endpoint(
+    launch, sglang, monkeypatch
+):
+    args = launch()
+    adapter = AdapterService.of(args).adapter
+    answer, handed = adapter.answer_in_process, []
+
+    async def counted(body: bytes, headers) -> object:
+        handed.append(body)
+        return await answer(body, headers)
+
+    monkeypatch.setattr(adapter, "answer_in_process", counted)
+    in_process = rollout(args, group_of(args, "played"))
+    calls_in_process = len(handed)
+    endpoint = AdapterService.chat
+    monkeypatch.setattr(AdapterService, "chat", lambda self, sid: replace(endpoint(self, sid), in_process=None))
+    over_http = rollout(args, group_of(args, "played"))
+
+    assert calls_in_process == 2 * args.n_samples_per_prompt and len(handed) == calls_in_process
+    for [near], [far] in zip(in_process, over_http, strict=True):
+        assert (near.tokens, near.loss_mask) == (far.tokens, far.loss_mask)
+        assert near.rollout_log_probs == far.rollout_log_probs
+        assert (near.response, near.response_length, near.reward, near.status) == (
+            far.response, far.response_length, far.reward, far.status
+        )  # fmt: skip
+        assert replace(outcome_of(near), **TIMED) == replace(outcome_of(far), **TIMED)
+        assert outcome_of(near).scored and outcome_of(near).flags == ()
 
 
 def test_an_episode_the_env_failed_is_flagged_and_the_filter_leaves_its_group_out(launch, sglang):

@@ -9,7 +9,9 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+import logging
 import shutil
+import urllib.request
 
 import pins
 import pytest
@@ -142,6 +144,17 @@ def test_the_append_only_setting_true_refuses_a_template_that_cant_be_rendered_a
 
     with pytest.raises(UnappendableChat, match="episode_append_only_chat is true, but the chat template of Hidden"):
         AdapterService.of(args)
+
+
+def test_the_adapters_served_endpoint_writes_no_access_log_line_per_request(launch, caplog):
+    service = AdapterService.of(launch())
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
+
+    for _ in range(2):
+        with urllib.request.urlopen(service.chat_url.removesuffix("/v1/chat/completions") + "/healthz") as answer:
+            assert answer.status == 200
+
+    assert [record for record in caplog.records if record.name == "aiohttp.access"] == []
 
 
 def test_the_start_log_says_which_rendering_the_launch_uses(launch, caplog, fresh_slime_check):

@@ -12,7 +12,7 @@ import math
 import shutil
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import chat_core.net.parking
 import pytest
 from chat_core import ChatEndpoint, EpisodeResult, FlagKind, Limits, play
 from chat_core.env.session import EpisodeSession
+from chat_core.net.http_request import Answer
 from chat_core.net.http_session import http_session
 from chat_core.net.parking import IDLE_S
 from chat_core.prepare import write_rows
@@ -859,6 +860,62 @@ def test_an_unreachable_chat_endpoint_is_retried_then_a_failed_session(sample_en
 
     assert _kinds(result) == [FlagKind.SESSION_FAILED]
     assert "Connect" in result.flags[0].message and result.model_retries >= 1
+
+
+class _InProcessModel:
+    """A chat endpoint served in the test's own process: it answers each request with the next of ``answers``
+    (status, headers, completion or text) and keeps what it was sent."""
+
+    def __init__(self, *answers: tuple[int, dict[str, str], Any]):
+        self.answers = list(answers)
+        self.requests: list[tuple[dict[str, Any], Mapping[str, str]]] = []
+
+    async def __call__(self, body: bytes, headers: Mapping[str, str]) -> Answer:
+        self.requests.append((json.loads(body), headers))
+        status, answer_headers, answer = self.answers.pop(0)
+        sent = answer.encode() if isinstance(answer, str) else json.dumps(answer).encode()
+        return Answer(status, answer_headers, sent)
+
+    def chat(self) -> ChatEndpoint:
+        """An endpoint whose URL nothing listens on, so a request sent over HTTP would be refused."""
+        url = f"http://127.0.0.1:{free_port()}/v1/chat/completions"
+        return ChatEndpoint(url, "policy", {"Authorization": "Bearer in-process"}, in_process=self)
+
+
+def _completion(content: str) -> tuple[int, dict[str, str], Any]:
+    message = {"role": "assistant", "content": content}
+    return 200, {}, {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+
+
+def test_an_in_process_chat_endpoint_plays_the_episode_without_http(sample_env: ServedBundle, rows: Rows) -> None:
+    model = _InProcessModel(_completion("A banana."))
+
+    result = asyncio.run(play(rows["reply_only"], model.chat(), {"temperature": 0.5}, Limits()))
+
+    assert result.reward == 1.0 and result.scored and result.flags == []
+    [(body, headers)] = model.requests
+    assert body["model"] == "policy" and body["temperature"] == 0.5 and body["messages"][-1]["role"] == "user"
+    assert headers["Authorization"] == "Bearer in-process" and headers["Content-Type"] == "application/json"
+
+
+def test_an_in_process_chat_endpoint_is_waited_for_as_retry_after_asks(sample_env: ServedBundle, rows: Rows) -> None:
+    model = _InProcessModel((503, {"Retry-After": "0.3"}, "busy"), _completion("A banana."))
+
+    result = asyncio.run(play(rows["reply_only"], model.chat(), {}, Limits()))
+
+    assert result.reward == 1.0 and result.flags == []
+    assert result.model_retries == 1 and result.timings.model_s >= 0.3 and len(model.requests) == 2
+
+
+def test_an_in_process_answer_past_max_chat_answer_bytes_is_a_failed_session(
+    sample_env: ServedBundle, rows: Rows
+) -> None:
+    model = _InProcessModel(_completion("A banana. " * 200))
+
+    result = asyncio.run(play(rows["reply_only"], model.chat(), {}, Limits(max_chat_answer_bytes=1000)))
+
+    assert _kinds(result) == [FlagKind.SESSION_FAILED]
+    assert "max_chat_answer_bytes=1000" in result.flags[0].message
 
 
 def test_a_row_of_another_task_is_refused(sample_env: ServedBundle, rows: Rows, scripted_model: ScriptedModel) -> None:
