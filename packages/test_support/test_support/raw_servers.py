@@ -3,29 +3,33 @@ broken or hostile server would, in an event loop of their own (``ServerThread``)
 outside its own loop (``watched``), so a client that freezes its loop or fills its memory fails the test instead of
 hanging it.
 
-``accept_websocket``, ``frame`` and ``read_frame`` are the WebSocket bytes such a server reads and writes;
+``accept_websocket``, ``frame`` and ``read_frame`` are the WebSocket bytes such a server reads and writes (the
+handshake and the client's frames through websockets' own server protocol, the server's frames written as a test
+gives them, well-formed or not);
 ``nothing_left_unclosed`` fails a test whose sockets or transports the garbage collector finds unclosed (a fixture
 of ``pytest_plugin``)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import gc
-import hashlib
 import ssl
 import threading
 import time
 import tracemalloc
 import warnings
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+from weakref import WeakKeyDictionary
+
+from websockets.frames import Frame
+from websockets.server import ServerProtocol
 
 T = TypeVar("T")
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 TEXT, BINARY, CONTINUATION, CLOSE, PING, PONG = 0x1, 0x2, 0x0, 0x8, 0x9, 0xA
 
 
@@ -138,20 +142,29 @@ def watched(work: Callable[[], Awaitable[T]], bound_s: float, *, memory: bool = 
     return Watched(value, seconds, stalls[0], peak - base)
 
 
+@dataclass
+class _ClientFrames:
+    """A raw server's side of one WebSocket connection: websockets' server protocol, which reads the client's frames,
+    and the frames read and not yet asked for."""
+
+    protocol: ServerProtocol
+    unread: deque[Frame]
+
+
+_CONNECTIONS: WeakKeyDictionary[asyncio.StreamReader, _ClientFrames] = WeakKeyDictionary()
+"""Each accepted connection's client frames, by the reader ``accept_websocket`` accepted it on."""
+
+
 async def accept_websocket(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
-    """Read a WebSocket handshake and accept it with 101; its request head."""
-    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-    key = next(
-        line.split(":", 1)[1].strip() for line in head.split("\r\n") if line.lower().startswith("sec-websocket-key")
-    )
-    accept = base64.b64encode(hashlib.sha1(key.encode() + _GUID).digest()).decode()
-    writer.write(
-        (
-            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            f"Sec-WebSocket-Accept: {accept}\r\n\r\n"
-        ).encode("latin-1")
-    )
-    return head
+    """Read a WebSocket handshake and accept it with 101, no extension taken; its request head."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    protocol = ServerProtocol(max_size=None)
+    protocol.receive_data(head)
+    [request] = protocol.events_received()
+    protocol.send_response(protocol.accept(request))
+    writer.write(b"".join(protocol.data_to_send()))
+    _CONNECTIONS[reader] = _ClientFrames(protocol, deque())
+    return head.decode("latin-1")
 
 
 def frame(opcode: int, payload: bytes, *, final: bool = True, length: int | None = None, rsv1: bool = False) -> bytes:
@@ -169,16 +182,16 @@ def frame(opcode: int, payload: bytes, *, final: bool = True, length: int | None
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    """The client's next frame as (opcode, payload), unmasked."""
-    first, second = await reader.readexactly(2)
-    size = second & 0x7F
-    if size == 126:
-        size = int.from_bytes(await reader.readexactly(2), "big")
-    elif size == 127:
-        size = int.from_bytes(await reader.readexactly(8), "big")
-    mask = await reader.readexactly(4) if second & 0x80 else b"\0\0\0\0"
-    data = await reader.readexactly(size)
-    return first & 0x0F, bytes(byte ^ mask[i % 4] for i, byte in enumerate(data))
+    """The client's next frame on the connection ``accept_websocket`` accepted on ``reader``, as (opcode, payload)."""
+    frames = _CONNECTIONS[reader]
+    while not frames.unread:
+        data = await reader.read(65536)
+        if not data:
+            raise asyncio.IncompleteReadError(b"", None)
+        frames.protocol.receive_data(data)
+        frames.unread.extend(frames.protocol.events_received())
+    read = frames.unread.popleft()
+    return int(read.opcode), bytes(read.data)
 
 
 @contextmanager
