@@ -18,6 +18,7 @@ _PUBLIC = {
     "chat_core.episode.tracing": ("EpisodeTrace",),
     "chat_core.episode.chat": ("ChatEndpoint",),
     "chat_core.limits": ("Limits",),
+    "chat_core._wire": ("parse_json",),
     "chat_core.env.pool": ("ENV_SERVERS_VARIABLE",),
     "chat_core.record.results": ("FATAL", "EpisodeResult", "Flag", "FlagKind"),
     "chat_core.record.outcome": ("OUTCOME_KEY", "EpisodeOutcome"),
